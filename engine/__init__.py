@@ -1,1 +1,44 @@
-"""placeholder"""
+"""The shared engine: vLLM's ``AsyncLLM`` on its own event-loop thread, one per model.
+
+>>> from vllm_inline.engine import get_engine
+>>> engine = get_engine("Qwen/Qwen3-0.6B", dtype="bfloat16")
+>>> for delta in engine.stream([{"role": "user", "content": "Hi"}], max_tokens=64):
+...     print(delta.text, end="", flush=True)
+
+Importing this module does not import torch or vLLM; they load when an engine starts.
+"""
+
+from .deltas import Delta, TokenLogprob, ToolCallDelta, Usage
+from .engine import Engine, get_engine, shutdown_all
+from .errors import (
+    BadRequestError,
+    ChatTemplateError,
+    ContextLengthExceededError,
+    EngineDeadError,
+    EngineShutdownError,
+    EngineUnavailableError,
+    ModelLoadError,
+    VLLMInlineError,
+)
+from .sampling import DEFAULTS
+from .stops import StopPolicy
+
+__all__ = [
+    "DEFAULTS",
+    "BadRequestError",
+    "ChatTemplateError",
+    "ContextLengthExceededError",
+    "Delta",
+    "Engine",
+    "EngineDeadError",
+    "EngineShutdownError",
+    "EngineUnavailableError",
+    "ModelLoadError",
+    "StopPolicy",
+    "TokenLogprob",
+    "ToolCallDelta",
+    "Usage",
+    "VLLMInlineError",
+    "get_engine",
+    "shutdown_all",
+]

@@ -1,0 +1,156 @@
+"""Every touch point with vLLM's Python API, in one module (the API moves between releases).
+
+Imported only when an engine starts: importing :mod:`vllm_inline.engine` does not import vLLM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import (
+    BadRequestError,
+    ContextLengthExceededError,
+    EngineDeadError,
+    ModelLoadError,
+    VLLMInlineError,
+)
+
+import vllm  # noqa: F401  (heavy: this module is imported lazily)
+from vllm import AsyncEngineArgs, SamplingParams
+from vllm.exceptions import VLLMValidationError
+from vllm.renderers.inputs.preprocess import parse_model_prompt
+from vllm.renderers.params import ChatParams
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
+from vllm.v1.engine.exceptions import EngineGenerateError
+
+__all__ = [
+    "AsyncLLM",
+    "check_engine_kwargs",
+    "make_sampling_params",
+    "map_error",
+    "render_chat",
+    "render_prompt",
+    "start_engine",
+]
+
+_ENGINE_ARG_NAMES = frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
+_SAMPLING_NAMES = frozenset(
+    name for name in SamplingParams.__struct_fields__ if not name.startswith("_")
+) - {"output_kind", "detokenize", "structured_outputs"}
+
+
+def check_engine_kwargs(model: str, kwargs: Mapping[str, Any]) -> None:
+    """Refuse engine options that ``AsyncEngineArgs`` does not know."""
+    unknown = sorted(set(kwargs) - _ENGINE_ARG_NAMES - {"model"})
+    if unknown:
+        raise ModelLoadError(
+            f"Unknown vLLM engine option(s) {unknown} for {model!r}: vllm_kwargs must be "
+            "AsyncEngineArgs fields (e.g. dtype, max_model_len, gpu_memory_utilization, "
+            "tensor_parallel_size)."
+        )
+
+
+def start_engine(model: str, kwargs: Mapping[str, Any]) -> AsyncLLM:
+    """Build ``AsyncLLM`` (blocking, ~20 s on a CPU); call it on the engine's loop thread."""
+    args = AsyncEngineArgs(model=model, **kwargs)
+    return AsyncLLM.from_engine_args(args)
+
+
+def sampling_names() -> frozenset[str]:
+    """Sampling parameters a caller may pass."""
+    return _SAMPLING_NAMES
+
+
+async def render_chat(
+    llm: AsyncLLM,
+    messages: list[dict[str, Any]],
+    *,
+    chat_template: str | None,
+    chat_template_kwargs: Mapping[str, Any] | None,
+    tools: list[dict[str, Any]] | None,
+) -> Any:
+    """Render ``messages`` with the model's template through vLLM's renderer; an engine input."""
+    renderer = llm.renderer
+    params = ChatParams(
+        chat_template=chat_template,
+        chat_template_kwargs={
+            **(chat_template_kwargs or {}),
+            "add_generation_prompt": True,
+            "continue_final_message": False,
+            "tools": tools,
+        },
+    )
+    # The template emits BOS itself, as in vLLM's chat API.
+    tok_params = renderer.default_chat_tok_params.with_kwargs(add_special_tokens=False)
+    _, (engine_input,) = await renderer.render_chat_async([messages], params, tok_params)
+    return engine_input
+
+
+async def render_prompt(llm: AsyncLLM, prompt: str) -> Any:
+    """Tokenize a pre-formatted prompt as is (no template) into an engine input."""
+    parsed = parse_model_prompt(llm.model_config, prompt)
+    (engine_input,) = await llm.renderer.render_cmpl_async([parsed])
+    return engine_input
+
+
+def make_sampling_params(
+    values: Mapping[str, Any], structured_outputs: Mapping[str, Any] | None
+) -> SamplingParams:
+    """``SamplingParams`` in DELTA mode; unknown names and vLLM's own checks become errors."""
+    unknown = sorted(set(values) - _SAMPLING_NAMES)
+    if unknown:
+        raise BadRequestError(
+            f"Unknown sampling parameter(s) {unknown}. Known: {sorted(_SAMPLING_NAMES)}.",
+            parameter=unknown[0],
+            value=values[unknown[0]],
+        )
+    structured = None
+    if structured_outputs is not None:
+        options = dict(structured_outputs)
+        if options.get("json") is not None or options.get("json_object"):
+            # A weak model can otherwise pad JSON with whitespace until max_tokens.
+            options.setdefault("disable_any_whitespace", True)
+        try:
+            structured = StructuredOutputsParams(**options)
+        except (TypeError, ValueError) as e:
+            raise BadRequestError.invalid("structured_outputs", structured_outputs, str(e)) from e
+    try:
+        return SamplingParams(
+            **values, structured_outputs=structured, output_kind=RequestOutputKind.DELTA
+        )
+    except (VLLMValidationError, ValueError, TypeError) as e:
+        raise _as_bad_request(e) from e
+
+
+def _as_bad_request(e: Exception) -> BadRequestError:
+    parameter = getattr(e, "parameter", None) or str(e).split(" ", 1)[0].strip("`'\"")
+    value = getattr(e, "value", None)
+    message = str(e)
+    if "maximum context length" in message or parameter in ("input_tokens", "input_text"):
+        return ContextLengthExceededError(
+            f"{message} Shorten the conversation, or start the engine with a larger "
+            "max_model_len (vllm_kwargs).",
+            parameter="messages",
+            value=value,
+        )
+    return BadRequestError(message, parameter=parameter, value=value)
+
+
+def map_error(e: BaseException, model: str) -> VLLMInlineError | None:
+    """Our typed error for one of vLLM's, or ``None`` when it is not vLLM's to map."""
+    if isinstance(e, VLLMInlineError):
+        return e
+    if isinstance(e, VLLMEngineDeadError):
+        return EngineDeadError(
+            f"The vLLM engine for {model!r} died ({e}). Streams in flight were ended; call "
+            "engine.restart() to start a new one (see the log above for the cause)."
+        )
+    if isinstance(e, VLLMValidationError):
+        return _as_bad_request(e)
+    if isinstance(e, EngineGenerateError):
+        return EngineDeadError(f"The vLLM engine for {model!r} failed a request: {e.__cause__!r}.")
+    return None

@@ -1,0 +1,127 @@
+"""The one bridge between the engine's event-loop thread and its callers.
+
+The engine's coroutines run on a private event loop in a daemon thread (:class:`LoopThread`).
+A stream is one async generator that runs *there*; :func:`aiter_on` hands its items to a caller's
+event loop and :func:`iter_on` to a synchronous caller, through the same pump. Leaving either
+iterator early (break, ``aclose()``, task cancellation, garbage collection) cancels the pump,
+which closes the engine-side generator and so aborts the request in vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+__all__ = ["LoopThread", "aiter_on", "iter_on"]
+
+T = TypeVar("T")
+
+_DONE = object()
+
+
+class _Raised:
+    """An exception travelling from the engine loop to the consumer."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class LoopThread:
+    """An asyncio event loop running forever in a daemon thread."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        """The loop; touch it only through :meth:`submit` and ``call_soon_threadsafe``."""
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    @property
+    def in_loop_thread(self) -> bool:
+        """True when called from the loop's own thread."""
+        return threading.current_thread() is self._thread
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        """Schedule ``coro`` on the loop; returns a thread-safe future."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the loop and join the thread (idempotent)."""
+        if self.loop.is_closed():
+            return
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+def _start_pump(
+    lt: LoopThread, agen_factory: Callable[[], AsyncIterator[T]], put: Callable[[Any], None]
+) -> Future[None]:
+    """Run ``agen_factory()`` on the engine loop, handing each item (then the end) to ``put``."""
+
+    async def pump() -> None:
+        agen = agen_factory()
+        try:
+            async for item in agen:
+                put(item)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - delivered to the consumer, re-raised there
+            put(_Raised(exc))
+            return
+        finally:
+            await agen.aclose()  # type: ignore[attr-defined]
+        put(_DONE)
+
+    return lt.submit(pump())
+
+
+async def aiter_on(lt: LoopThread, agen_factory: Callable[[], AsyncIterator[T]]) -> AsyncIterator[T]:
+    """Iterate, from the caller's event loop, an async generator that runs on ``lt``."""
+    caller = asyncio.get_running_loop()
+    items: asyncio.Queue[Any] = asyncio.Queue()
+    put_nowait = items.put_nowait
+
+    def put(item: Any) -> None:
+        caller.call_soon_threadsafe(put_nowait, item)
+
+    pump = _start_pump(lt, agen_factory, put)
+    try:
+        while True:
+            item = items.get_nowait() if not items.empty() else await items.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Raised):
+                raise item.exc
+            yield item
+    finally:
+        if not pump.done():
+            pump.cancel()
+
+
+def iter_on(lt: LoopThread, agen_factory: Callable[[], AsyncIterator[T]]) -> Iterator[T]:
+    """Iterate, from a synchronous caller, an async generator that runs on ``lt``."""
+    items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    pump = _start_pump(lt, agen_factory, items.put)
+    try:
+        while True:
+            item = items.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Raised):
+                raise item.exc
+            yield item
+    finally:
+        if not pump.done():
+            pump.cancel()

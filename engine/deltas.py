@@ -1,0 +1,86 @@
+"""Typed deltas: what :meth:`Engine.astream` and :meth:`Engine.stream` yield.
+
+A :class:`Delta` is built straight from one vLLM ``RequestOutputKind.DELTA`` output; nothing here
+diffs cumulative text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Delta", "TokenLogprob", "ToolCallDelta", "Usage"]
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts of one request, from the real token ids."""
+
+    prompt_tokens: int
+    """Tokens in the rendered prompt."""
+    completion_tokens: int
+    """Tokens generated, over all choices."""
+
+    @property
+    def total_tokens(self) -> int:
+        """``prompt_tokens + completion_tokens``."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A fragment of a tool call, as OpenAI streams them.
+
+    The first fragment of a call carries ``id`` and ``name``; later ones append to
+    ``arguments`` (a JSON text). Fragments of one call share ``index``.
+    """
+
+    index: int
+    """Position of the call in the message (0 for the first call)."""
+    id: str | None = None
+    """Call id (first fragment only)."""
+    name: str | None = None
+    """Function name (first fragment only)."""
+    arguments: str = ""
+    """The next piece of the JSON arguments."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """Log probability of one generated token, with its top alternatives."""
+
+    token: str
+    """Decoded text of the token."""
+    token_id: int
+    """Token id."""
+    logprob: float
+    """Log probability of the token."""
+    top_logprobs: tuple[tuple[str, float], ...] = ()
+    """The most likely tokens at this step, as ``(text, logprob)``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """One step of a streamed answer.
+
+    The last delta of a choice has ``finish_reason`` set; the last delta of the request also
+    carries ``usage``.
+    """
+
+    text: str = ""
+    """New answer text (never a special token, never text after a stop)."""
+    reasoning: str = ""
+    """New reasoning text, when a reasoning parser is active."""
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    """New tool-call fragments, when a tool parser is active."""
+    token_ids: tuple[int, ...] = ()
+    """Ids of the tokens generated in this step."""
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    """Per-token log probabilities, when requested."""
+    index: int = 0
+    """Choice index (``n > 1``)."""
+    finish_reason: str | None = None
+    """``"stop"``, ``"length"``, ``"tool_calls"`` or ``"abort"`` on the last delta of a choice."""
+    stop_reason: int | str | None = None
+    """The stop string or token id that ended the choice, if any."""
+    usage: Usage | None = None
+    """Token counts, on the last delta of the request."""

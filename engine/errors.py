@@ -1,0 +1,78 @@
+"""The typed errors of vllm-inline.
+
+Every error says what went wrong and what to do about it. Request errors (:class:`BadRequestError`
+and its subclasses) are raised before any work starts and carry the offending ``parameter`` and
+``value``; the engine keeps serving other requests. vLLM's own exceptions are mapped onto these
+(see :func:`vllm_inline.engine._vllm.map_vllm_error`), never leaked raw.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BadRequestError",
+    "ChatTemplateError",
+    "ContextLengthExceededError",
+    "EngineDeadError",
+    "EngineShutdownError",
+    "EngineUnavailableError",
+    "ModelLoadError",
+    "VLLMInlineError",
+]
+
+_UNSET: Any = object()
+
+
+class VLLMInlineError(Exception):
+    """Base class of every error raised by vllm-inline."""
+
+
+class BadRequestError(VLLMInlineError, ValueError):
+    """A request was refused before it reached the engine.
+
+    ``parameter`` names the offending argument and ``value`` holds what was given.
+    """
+
+    def __init__(self, message: str, *, parameter: str | None = None, value: Any = _UNSET) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+        """Name of the offending argument (``"temperature"``, ``"messages[1].role"``, ...)."""
+        self.value = None if value is _UNSET else value
+        """The rejected value."""
+
+    @classmethod
+    def invalid(cls, parameter: str, value: Any, expected: str) -> BadRequestError:
+        """``parameter=value`` is invalid; ``expected`` says what would be accepted."""
+        shown = repr(value)
+        if len(shown) > 200:
+            shown = shown[:197] + "..."
+        return cls(f"{parameter}={shown} is invalid: {expected}.", parameter=parameter, value=value)
+
+
+class ContextLengthExceededError(BadRequestError):
+    """The prompt (plus the requested output) does not fit the model's context window."""
+
+
+class ChatTemplateError(BadRequestError):
+    """No chat template could be chosen for the model, or the template failed to render."""
+
+
+class ModelLoadError(VLLMInlineError):
+    """The model could not be found or loaded (missing path, no tokenizer, bad engine option)."""
+
+
+class EngineUnavailableError(VLLMInlineError, RuntimeError):
+    """The engine cannot serve requests right now."""
+
+
+class EngineDeadError(EngineUnavailableError):
+    """The engine-core process died; streams in flight end with this error.
+
+    Call ``engine.restart()`` (or use the engine again: it restarts on the next request after
+    ``restart()``) to bring up a fresh one.
+    """
+
+
+class EngineShutdownError(EngineUnavailableError):
+    """The engine was shut down while the stream was running."""

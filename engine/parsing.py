@@ -1,0 +1,195 @@
+"""Generated text -> answer text, reasoning and tool-call fragments, with vLLM's own parsers.
+
+Plain requests pass text through untouched. With tools or a ``reasoning_parser``, every choice
+gets one of vLLM's ``Parser`` objects (``vllm.parser.ParserManager``: tool parsers such as
+``hermes``/``llama3_json``, reasoning parsers such as ``qwen3``/``deepseek_r1``), fed the deltas as
+they arrive, exactly as vLLM's OpenAI server does. Those parsers take the server's
+``ChatCompletionRequest``; building it is the only wrapping done here, and it also yields the
+structured-output constraint that enforces ``tool_choice="required"`` or a named tool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+from .deltas import ToolCallDelta
+from .errors import BadRequestError
+
+__all__ = ["DEFAULT_TOOL_PARSERS", "OutputParser", "ParserFactory", "make_parser_factory"]
+
+DEFAULT_TOOL_PARSERS: Mapping[str, str] = {"chatml": "hermes", "llama3": "llama3_json"}
+"""Tool parser used for a chat family when tools are sent without ``tool_parser``."""
+
+_Parsed = tuple[str, str, tuple[ToolCallDelta, ...]]
+
+
+class OutputParser:
+    """Pass-through: all generated text is answer text."""
+
+    called_tools = False
+    """True once a tool-call fragment was produced."""
+
+    def feed(self, text: str, token_ids: Sequence[int], finished: bool) -> _Parsed:
+        """Split one delta into ``(text, reasoning, tool_call_fragments)``."""
+        return text, "", ()
+
+
+class _VLLMOutputParser(OutputParser):
+    """One vLLM ``Parser`` per choice, driven by ``parse_delta``."""
+
+    def __init__(self, parser: Any, request: Any, prompt_token_ids: list[int]) -> None:
+        self._parser = parser
+        self._request = request
+        self._prompt_token_ids: list[int] | None = prompt_token_ids
+        self.called_tools = False
+
+    def feed(self, text: str, token_ids: Sequence[int], finished: bool) -> _Parsed:
+        message = self._parser.parse_delta(
+            text, list(token_ids), self._request, self._prompt_token_ids, finished=finished
+        )
+        self._prompt_token_ids = None  # only looked at once
+        if message is None:
+            return "", "", ()
+        calls = tuple(
+            ToolCallDelta(
+                index=call.index,
+                id=call.id,
+                name=call.function.name if call.function else None,
+                arguments=(call.function.arguments or "") if call.function else "",
+            )
+            for call in message.tool_calls or ()
+        )
+        if calls:
+            self.called_tools = True
+        return message.content or "", message.reasoning or "", calls
+
+
+class ParserFactory:
+    """Makes one :class:`OutputParser` per choice of a request."""
+
+    structured_outputs: Mapping[str, Any] | None = None
+    """Constraint the parsers need (``tool_choice="required"`` or a named tool), if any."""
+    skip_special_tokens: bool = True
+    """Whether the parsers can work with special tokens removed from the text."""
+
+    def __call__(self, prompt_token_ids: list[int]) -> OutputParser:
+        return OutputParser()
+
+
+class _VLLMParserFactory(ParserFactory):
+    def __init__(self, parser_cls: Any, tokenizer: Any, request: Any, model_config: Any) -> None:
+        self._parser_cls = parser_cls
+        self._tokenizer = tokenizer
+        self._model_config = model_config
+        probe = parser_cls(tokenizer, request.tools, model_config=model_config,
+                           chat_template_kwargs=request.chat_template_kwargs or {})
+        self._request = probe.adjust_request(request)
+        so = self._request.structured_outputs
+        if so is not None:
+            self.structured_outputs = {
+                k: v for k, v in {"json": so.json, "regex": so.regex, "choice": so.choice,
+                                  "grammar": so.grammar, "structural_tag": so.structural_tag,
+                                  "json_object": so.json_object}.items() if v is not None
+            }
+        self.skip_special_tokens = bool(self._request.skip_special_tokens)
+
+    def __call__(self, prompt_token_ids: list[int]) -> OutputParser:
+        parser = self._parser_cls(
+            self._tokenizer, self._request.tools, model_config=self._model_config,
+            chat_template_kwargs=self._request.chat_template_kwargs or {},
+        )
+        return _VLLMOutputParser(parser, self._request, prompt_token_ids)
+
+
+@lru_cache(maxsize=64)
+def _parser_class(tool_parser: str | None, reasoning_parser: str | None, model: str) -> Any:
+    from vllm.parser import ParserManager
+
+    return ParserManager.get_parser(
+        tool_parser_name=tool_parser,
+        reasoning_parser_name=reasoning_parser,
+        enable_auto_tools=True,
+        model_name=model,
+    )
+
+
+def _registered(kind: str) -> list[str]:
+    if kind == "tool_parser":
+        from vllm.tool_parsers import ToolParserManager as manager
+    else:
+        from vllm.reasoning import ReasoningParserManager as manager
+    names = getattr(manager, "list_registered", None)
+    if callable(names):
+        return sorted(names())
+    return sorted(set(getattr(manager, "lazy_parsers", {})) | set(getattr(manager, "parsers", {})))
+
+
+def check_parser_name(kind: str, name: Any) -> None:
+    """Refuse an unknown ``tool_parser``/``reasoning_parser`` name, listing the known ones."""
+    if name is None:
+        return
+    known = _registered(kind)
+    if not isinstance(name, str) or name not in known:
+        raise BadRequestError.invalid(kind, name, f"one of {known}")
+
+
+def make_parser_factory(
+    *,
+    tokenizer: Any,
+    model_config: Any,
+    model: str,
+    family: str | None,
+    messages: list[dict[str, Any]] | None,
+    tools: list[dict[str, Any]] | None,
+    tool_choice: str | None,
+    tool_parser: str | None,
+    reasoning_parser: str | None,
+    chat_template_kwargs: Mapping[str, Any] | None,
+) -> ParserFactory:
+    """The parser factory for a request: pass-through unless tools or reasoning are involved."""
+    check_parser_name("tool_parser", tool_parser)
+    check_parser_name("reasoning_parser", reasoning_parser)
+    wants_tools = bool(tools) and tool_choice != "none"
+    if wants_tools and tool_parser is None:
+        tool_parser = DEFAULT_TOOL_PARSERS.get(family or "")
+        if tool_parser is None:
+            raise BadRequestError(
+                f"Tools were given but no tool_parser is set and {model!r} is not of a family with a "
+                f"default ({dict(DEFAULT_TOOL_PARSERS)}). Pass tool_parser='<name>' "
+                "(e.g. 'hermes', 'llama3_json', 'mistral', 'pythonic').",
+                parameter="tool_parser",
+                value=None,
+            )
+    if not wants_tools:
+        tool_parser = None
+    if tool_parser is None and reasoning_parser is None:
+        return ParserFactory()
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    choice: Any = tool_choice
+    if tool_choice not in (None, "auto", "none", "required"):
+        choice = {"type": "function", "function": {"name": tool_choice}}
+    try:
+        request = ChatCompletionRequest(
+            model=model,
+            messages=messages or [{"role": "user", "content": ""}],
+            tools=tools if wants_tools else None,
+            tool_choice=choice if wants_tools else "none",
+            chat_template_kwargs=dict(chat_template_kwargs or {}),
+            include_reasoning=True,
+            stream=True,
+        )
+        parser_cls = _parser_class(tool_parser, reasoning_parser, model)
+        return _VLLMParserFactory(parser_cls, tokenizer, request, model_config)
+    except BadRequestError:
+        raise
+    except Exception as e:
+        name = "tool_parser" if tool_parser else "reasoning_parser"
+        raise BadRequestError(
+            f"vLLM's {name} {tool_parser or reasoning_parser!r} cannot serve this request for "
+            f"{model!r}: {e}",
+            parameter=name,
+            value=tool_parser or reasoning_parser,
+        ) from e
