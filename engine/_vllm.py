@@ -5,6 +5,7 @@ Imported only when an engine starts: importing :mod:`vllm_inline.engine` does no
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
@@ -86,7 +87,11 @@ async def render_chat(
     )
     # The template emits BOS itself, as in vLLM's chat API.
     tok_params = renderer.default_chat_tok_params.with_kwargs(add_special_tokens=False)
-    _, (engine_input,) = await renderer.render_chat_async([messages], params, tok_params)
+    # vLLM's renderer decodes tool-call arguments in place: hand it a copy, so the request's
+    # messages (also given to the output parsers) keep their JSON-string arguments.
+    _, (engine_input,) = await renderer.render_chat_async(
+        [copy.deepcopy(messages)], params, tok_params
+    )
     return engine_input
 
 

@@ -378,9 +378,11 @@ class Engine:
                 parameter="messages",
                 value=prompt_tokens,
             )
-        values["stop_token_ids"] = list(
-            dict.fromkeys([*running.stop_policy.stop_token_ids, *values.get("stop_token_ids", ())])
-        )
+        if not values.get("ignore_eos"):
+            # ignore_eos (fixed-length benchmarks) turns off the end-of-turn policy too.
+            values["stop_token_ids"] = list(
+                dict.fromkeys([*running.stop_policy.stop_token_ids, *values.get("stop_token_ids", ())])
+            )
         make_parser = make_parser_factory(
             tokenizer=running.tokenizer,
             model_config=llm.model_config,
