@@ -135,6 +135,9 @@ def _as_bad_request(e: Exception) -> BadRequestError:
     parameter = getattr(e, "parameter", None) or str(e).split(" ", 1)[0].strip("`'\"")
     value = getattr(e, "value", None)
     message = str(e)
+    lowered = message.lower()
+    if any(word in lowered for word in ("grammar", "structured output", "json schema", "json_schema")):
+        parameter = "structured_outputs"
     if "maximum context length" in message or parameter in ("input_tokens", "input_text"):
         return ContextLengthExceededError(
             f"{message} Shorten the conversation, or start the engine with a larger "
@@ -142,6 +145,8 @@ def _as_bad_request(e: Exception) -> BadRequestError:
             parameter="messages",
             value=value,
         )
+    if parameter and parameter not in message:
+        message = f"{parameter} is invalid: {message}"
     return BadRequestError(message, parameter=parameter, value=value)
 
 

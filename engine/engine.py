@@ -26,6 +26,7 @@ from .deltas import Delta, TokenLogprob, Usage
 from .errors import (
     BadRequestError,
     ChatTemplateError,
+    ContextLengthExceededError,
     EngineDeadError,
     EngineShutdownError,
     ModelLoadError,
@@ -351,7 +352,7 @@ class Engine:
             raise
         except Exception as e:
             mapped = _vllm.map_error(e, self.model)
-            if mapped is not None:
+            if isinstance(mapped, (ContextLengthExceededError, EngineDeadError)):
                 raise mapped from e
             raise ChatTemplateError(
                 f"The chat template of {self.model!r} ({choice.source}) failed to render these "
