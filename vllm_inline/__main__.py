@@ -1,0 +1,8 @@
+"""``python -m vllm_inline demo|chat [--model M]``."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
