@@ -20,6 +20,7 @@ from .errors import (
 
 import vllm  # noqa: F401  (heavy: this module is imported lazily)
 from vllm import AsyncEngineArgs, SamplingParams
+from vllm.config import StructuredOutputsConfig
 from vllm.exceptions import VLLMValidationError
 from vllm.renderers.inputs.preprocess import parse_model_prompt
 from vllm.renderers.params import ChatParams
@@ -57,7 +58,14 @@ def check_engine_kwargs(model: str, kwargs: Mapping[str, Any]) -> None:
 
 def start_engine(model: str, kwargs: Mapping[str, Any]) -> AsyncLLM:
     """Build ``AsyncLLM`` (blocking, ~20 s on a CPU); call it on the engine's loop thread."""
-    args = AsyncEngineArgs(model=model, **kwargs)
+    options = dict(kwargs)
+    if "structured_outputs_config" not in options:
+        # Compact JSON under structured outputs: without it a weak model can pad JSON with
+        # whitespace until max_tokens. vLLM 0.32 only takes this engine-wide, for xgrammar.
+        options["structured_outputs_config"] = StructuredOutputsConfig(
+            backend="xgrammar", disable_any_whitespace=True
+        )
+    args = AsyncEngineArgs(model=model, **options)
     return AsyncLLM.from_engine_args(args)
 
 
@@ -115,12 +123,8 @@ def make_sampling_params(
         )
     structured = None
     if structured_outputs is not None:
-        options = dict(structured_outputs)
-        if options.get("json") is not None or options.get("json_object"):
-            # A weak model can otherwise pad JSON with whitespace until max_tokens.
-            options.setdefault("disable_any_whitespace", True)
         try:
-            structured = StructuredOutputsParams(**options)
+            structured = StructuredOutputsParams(**structured_outputs)
         except (TypeError, ValueError) as e:
             raise BadRequestError.invalid("structured_outputs", structured_outputs, str(e)) from e
     try:

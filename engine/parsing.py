@@ -10,6 +10,7 @@ structured-output constraint that enforces ``tool_choice="required"`` or a named
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -87,6 +88,8 @@ class _VLLMParserFactory(ParserFactory):
                            chat_template_kwargs=request.chat_template_kwargs or {})
         self._request = probe.adjust_request(request)
         so = self._request.structured_outputs
+        if so is not None and so.structural_tag:
+            so.structural_tag = _tighten_structural_tag(so.structural_tag)
         if so is not None:
             self.structured_outputs = {
                 k: v for k, v in {"json": so.json, "regex": so.regex, "choice": so.choice,
@@ -101,6 +104,32 @@ class _VLLMParserFactory(ParserFactory):
             chat_template_kwargs=self._request.chat_template_kwargs or {},
         )
         return _VLLMOutputParser(parser, self._request, prompt_token_ids)
+
+
+def _tighten_structural_tag(tag: str) -> str:
+    """Make a forced tool call end: compact JSON, and one call.
+
+    vLLM's engine-wide ``disable_any_whitespace`` does not reach structural tags, so a weak model
+    can pad the forced arguments with whitespace until ``max_tokens``: allow at most one
+    whitespace character between JSON tokens. And after the first call end the constraint
+    (``stop_after_first``) instead of letting such a model start call after call.
+    """
+    spec = json.loads(tag)
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "tags_with_separator":
+                node["stop_after_first"] = True
+            if node.get("type") == "json_schema" and node.get("max_whitespace_cnt") is None:
+                node["max_whitespace_cnt"] = 1
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(spec)
+    return json.dumps(spec)
 
 
 @lru_cache(maxsize=64)
@@ -171,6 +200,10 @@ def make_parser_factory(
     choice: Any = tool_choice
     if tool_choice not in (None, "auto", "none", "required"):
         choice = {"type": "function", "function": {"name": tool_choice}}
+    if tools and tool_choice not in (None, "auto", "none"):
+        # A forced call must satisfy the tool's schema, not merely be JSON: vLLM puts a tool's
+        # schema into the structured-output constraint only for strict tools.
+        tools = [{**t, "function": {**t["function"], "strict": True}} for t in tools]
     try:
         request = ChatCompletionRequest(
             model=model,

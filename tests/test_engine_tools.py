@@ -1,0 +1,124 @@
+"""Tool calls, reasoning and structured outputs through the engine, with vLLM's own parsers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+USER = [{"role": "user", "content": "What is the weather in Oslo?"}]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Oslo", "Paris"]}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def _calls(deltas) -> list[dict]:
+    """Join tool-call fragments the way OpenAI clients do."""
+    calls: dict[int, dict] = {}
+    for d in deltas:
+        for f in d.tool_calls:
+            call = calls.setdefault(f.index, {"id": None, "name": None, "arguments": ""})
+            call["id"] = call["id"] or f.id
+            call["name"] = call["name"] or f.name
+            call["arguments"] += f.arguments
+    return [calls[i] for i in sorted(calls)]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_tool_call_is_parsed_and_streamed(scripted, mode):
+    s = scripted("chatml_tools")
+    if mode == "sync":
+        deltas = list(s.engine.stream(USER, tools=[WEATHER]))
+    else:
+        deltas = [d async for d in s.engine.astream(USER, tools=[WEATHER])]
+    (call,) = _calls(deltas)
+    name, arguments = s.scenario.tool_call
+    assert call["name"] == name and call["id"]
+    assert json.loads(call["arguments"]) == json.loads(arguments)
+    assert "".join(d.text for d in deltas).strip() == ""  # no <tool_call> markup in the text
+    assert deltas[-1].finish_reason == "tool_calls"
+
+
+def test_tool_result_goes_back_through_the_template(scripted):
+    s = scripted("chatml_tools")
+    messages = [
+        *USER,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    deltas = list(s.engine.stream(messages, tools=[WEATHER]))
+    assert "".join(d.text for d in deltas) == s.scenario.after_tool.answer
+    assert deltas[-1].finish_reason == "stop"
+
+
+def test_without_tools_the_markup_is_plain_text(scripted):
+    s = scripted("chatml_tools")
+    assert "".join(d.text for d in s.engine.stream(USER)) == s.scenario.answer
+
+
+@pytest.mark.parametrize("tool_choice", ["required", "get_weather"])
+def test_forced_tool_call_is_valid_even_when_the_model_would_not_call(scripted, tool_choice):
+    s = scripted("chatml")  # a model that only ever says hello
+    deltas = list(s.engine.stream(USER, tools=[WEATHER], tool_choice=tool_choice, max_tokens=80))
+    (call,) = _calls(deltas)
+    assert call["name"] == "get_weather"
+    assert json.loads(call["arguments"])["city"] in ("Oslo", "Paris")
+    assert deltas[-1].finish_reason == "tool_calls"
+
+
+def test_tool_choice_none_keeps_tools_out_of_the_parse(scripted):
+    s = scripted("chatml_tools")
+    deltas = list(s.engine.stream(USER, tools=[WEATHER], tool_choice="none"))
+    assert not _calls(deltas)
+    assert "".join(d.text for d in deltas) == s.scenario.answer
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_reasoning_never_lands_in_the_text(scripted, mode):
+    s = scripted("chatml_reasoning")
+    kwargs = {"reasoning_parser": s.scenario.reasoning_parser}
+    if mode == "sync":
+        deltas = list(s.engine.stream(USER, **kwargs))
+    else:
+        deltas = [d async for d in s.engine.astream(USER, **kwargs)]
+    reasoning = "".join(d.reasoning for d in deltas)
+    text = "".join(d.text for d in deltas)
+    assert reasoning.strip() == s.scenario.reasoning
+    assert text.strip() == s.scenario.content
+    assert "<think>" not in text and "</think>" not in text
+    assert sum(1 for d in deltas if d.reasoning) > 1  # reasoning streams too
+    assert deltas[-1].finish_reason == "stop"
+
+
+def test_reasoning_off_by_template_kwargs(scripted):
+    s = scripted("chatml_reasoning")
+    deltas = list(s.engine.stream(
+        USER, reasoning_parser="qwen3", chat_template_kwargs={"enable_thinking": False}
+    ))
+    assert "".join(d.text for d in deltas).strip() == s.scenario.no_think.answer.strip()
+    assert "".join(d.reasoning for d in deltas) == ""
+
+
+def test_structured_output_always_validates(scripted):
+    s = scripted("chatml")
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["ok", "n"],
+        "additionalProperties": False,
+    }
+    for _ in range(5):
+        text = "".join(d.text for d in s.engine.stream(USER, structured_outputs={"json": schema}, max_tokens=64))
+        value = json.loads(text)
+        assert set(value) == {"ok", "n"} and isinstance(value["ok"], bool) and 0 <= value["n"] <= 9
