@@ -19,7 +19,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -e ".[$(VLLM_EXTRA)]"
-	$(PY) -m pip install -q -e ".[$(VLLM_EXTRA),langchain,llama-index,test]"
+	$(PY) -m pip install -q -e ".[langchain,llama-index,test]"
 	if [ "$(VLLM_EXTRA)" = cpu ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec; fi
 	$(PY) -c "import vllm_inline.integrations.langchain, vllm_inline.integrations.llama_index"
 	touch $(STAMP)

@@ -7,6 +7,7 @@ offending field instead of a Jinja traceback from inside the engine.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,6 +55,9 @@ def _check_tool_call(call: Any, where: str) -> dict[str, Any]:
         raise BadRequestError.invalid(
             f"{where}.function.arguments", arguments, "a JSON string or a mapping"
         )
+    if not isinstance(arguments, str):
+        # OpenAI's wire form; vLLM decodes it again for templates that want a mapping.
+        arguments = json.dumps(arguments)
     return {
         "id": call.get("id") or f"call_{name}",
         "type": "function",

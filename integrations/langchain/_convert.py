@@ -1,0 +1,178 @@
+"""Pure converters between LangChain messages and the engine's wire format.
+
+``_convert_message_to_dict`` turns a LangChain message into the OpenAI-style dict the engine
+takes; ``_delta_to_chunk`` turns one engine :class:`~vllm_inline.engine.Delta` into one
+``AIMessageChunk``. Both are shared by the sync and async streams of ``ChatVLLM`` and import
+neither vLLM nor torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    ChatMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.messages.tool import ToolCallChunk, tool_call_chunk
+
+from vllm_inline.engine import BadRequestError, Delta, TokenLogprob, ToolCallDelta, Usage
+
+__all__ = [
+    "_convert_message_to_dict",
+    "_delta_to_chunk",
+    "_logprobs_to_dict",
+    "_usage_to_metadata",
+]
+
+# Content blocks of an AI message that are not text for the model: reasoning shown to the user
+# and tool calls (sent through ``tool_calls`` instead).
+_SKIPPED_AI_BLOCKS = frozenset(
+    {"reasoning", "thinking", "tool_call", "tool_call_chunk", "invalid_tool_call", "tool_use"}
+)
+
+
+def _text_content(content: str | Sequence[Any], where: str, *, role: str) -> str:
+    """The text of a message's content: a string, or text blocks joined with newlines."""
+    if isinstance(content, str):
+        return content
+    texts: list[str] = []
+    for i, block in enumerate(content):
+        if isinstance(block, str):
+            texts.append(block)
+            continue
+        kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif role == "assistant" and kind in _SKIPPED_AI_BLOCKS:
+            continue
+        else:
+            raise BadRequestError.invalid(
+                f"{where}.content[{i}]",
+                block,
+                f"a content block of type {kind!r} cannot be taken by this text-only chat "
+                "model; send strings or text blocks ({'type': 'text', 'text': ...})",
+            )
+    return "\n".join(texts)
+
+
+def _convert_message_to_dict(message: BaseMessage, where: str = "message") -> dict[str, Any]:
+    """One LangChain message as an OpenAI-style chat dict (text only)."""
+    if isinstance(message, SystemMessage):
+        role = "system"
+    elif isinstance(message, HumanMessage):
+        role = "user"
+    elif isinstance(message, AIMessage):
+        role = "assistant"
+    elif isinstance(message, ToolMessage):
+        role = "tool"
+    elif isinstance(message, ChatMessage):
+        role = message.role
+    else:
+        raise BadRequestError.invalid(
+            where,
+            message,
+            f"{type(message).__name__} is not supported; use SystemMessage, HumanMessage, "
+            "AIMessage, ToolMessage or ChatMessage",
+        )
+    content = _text_content(message.content, where, role=role)
+    out: dict[str, Any] = {"role": role, "content": content}
+    if message.name is not None and role in ("system", "user", "assistant"):
+        out["name"] = message.name
+    if isinstance(message, AIMessage) and message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.get("id") or f"call_{i}",
+                "type": "function",
+                "function": {"name": call["name"], "arguments": json.dumps(call["args"])},
+            }
+            for i, call in enumerate(message.tool_calls)
+        ]
+    if isinstance(message, ToolMessage):
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
+def _usage_to_metadata(usage: Usage) -> UsageMetadata:
+    """Engine token counts as LangChain's ``UsageMetadata``."""
+    return UsageMetadata(
+        input_tokens=usage.prompt_tokens,
+        output_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+    )
+
+
+def _logprobs_to_dict(logprobs: Sequence[TokenLogprob]) -> dict[str, Any]:
+    """Token logprobs in OpenAI's ``{"content": [...]}`` shape (lists concatenate on merge)."""
+    return {
+        "content": [
+            {
+                "token": lp.token,
+                "token_id": lp.token_id,
+                "logprob": lp.logprob,
+                "top_logprobs": [{"token": t, "logprob": p} for t, p in lp.top_logprobs],
+            }
+            for lp in logprobs
+        ]
+    }
+
+
+def _tool_call_chunks(calls: Sequence[ToolCallDelta]) -> list[ToolCallChunk]:
+    """Tool-call fragments as LangChain chunks, one per call index.
+
+    One engine step can carry several fragments of the same call (its name, then the start of
+    its arguments); LangChain merges chunks by index only across messages, so they are joined
+    here.
+    """
+    merged: dict[int, ToolCallChunk] = {}
+    for call in calls:
+        chunk = merged.get(call.index)
+        if chunk is None:
+            merged[call.index] = tool_call_chunk(
+                name=call.name, args=call.arguments, id=call.id, index=call.index
+            )
+            continue
+        chunk["name"] = chunk["name"] or call.name
+        chunk["id"] = chunk["id"] or call.id
+        chunk["args"] = (chunk["args"] or "") + call.arguments
+    return list(merged.values())
+
+
+def _delta_to_chunk(delta: Delta, model_name: str) -> AIMessageChunk:
+    """One engine delta as one ``AIMessageChunk``.
+
+    Text goes to ``content``; reasoning to ``additional_kwargs["reasoning_content"]`` (which
+    LangChain shows as a reasoning content block); tool-call fragments to
+    ``tool_call_chunks``. The last delta of a choice carries ``response_metadata``
+    (``finish_reason``, ``model_name``, ``stop_reason``) and ``chunk_position="last"``; the last
+    delta of the request also carries ``usage_metadata``.
+    """
+    additional_kwargs: dict[str, Any] = {}
+    if delta.reasoning:
+        additional_kwargs["reasoning_content"] = delta.reasoning
+    response_metadata: dict[str, Any] = {}
+    if delta.logprobs is not None:
+        response_metadata["logprobs"] = _logprobs_to_dict(delta.logprobs)
+    last = delta.finish_reason is not None
+    if last:
+        response_metadata.update(
+            finish_reason=delta.finish_reason,
+            model_name=model_name,
+            stop_reason=delta.stop_reason,
+        )
+    return AIMessageChunk(
+        content=delta.text,
+        additional_kwargs=additional_kwargs,
+        response_metadata=response_metadata,
+        tool_call_chunks=_tool_call_chunks(delta.tool_calls),
+        usage_metadata=_usage_to_metadata(delta.usage) if delta.usage is not None else None,
+        chunk_position="last" if last else None,
+    )

@@ -1,0 +1,421 @@
+"""``ChatVLLM``: a LangChain chat model that runs vLLM in this process.
+
+Streaming is the one path: :meth:`ChatVLLM._astream` turns each engine delta into one
+``AIMessageChunk`` as it arrives, :meth:`ChatVLLM._stream` does the same through the engine's
+synchronous bridge, and ``_generate``/``_agenerate`` aggregate those streams.
+
+>>> from vllm_inline.integrations.langchain import ChatVLLM
+>>> chat = ChatVLLM(model="Qwen/Qwen3-0.6B", reasoning_parser="qwen3", max_tokens=256)
+>>> for chunk in chat.stream("Why is the sky blue?"):
+...     print(chunk.text, end="", flush=True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from operator import itemgetter
+from typing import Any, Literal
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import LanguageModelInput
+from langchain_core.language_models.chat_models import BaseChatModel, LangSmithParams
+from langchain_core.language_models.chat_models import generate_from_stream
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+from langchain_core.output_parsers.openai_tools import (
+    JsonOutputKeyToolsParser,
+    PydanticToolsParser,
+)
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import ConfigDict, Field, model_validator
+from typing_extensions import Self
+
+from vllm_inline.engine import BadRequestError, Engine, get_engine
+from vllm_inline.engine.sampling import check_sampling
+
+from ._convert import _convert_message_to_dict, _delta_to_chunk
+
+__all__ = ["ChatVLLM"]
+
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "repetition_penalty",
+    "stop",
+    "seed",
+    "logprobs",
+    "n",
+)
+_REQUEST_FIELDS = ("chat_template", "chat_template_kwargs", "tool_parser", "reasoning_parser")
+
+_Indexed = tuple[int, ChatGenerationChunk]
+
+
+class ChatVLLM(BaseChatModel):
+    """vLLM in this process as a LangChain chat model: streaming, tools, structured output.
+
+    Every ``ChatVLLM`` on the same ``model`` and ``vllm_kwargs`` shares one engine (and its
+    continuous batching). Constructing one starts nothing; the engine starts on the first call.
+
+    Example:
+        ```python
+        from vllm_inline.integrations.langchain import ChatVLLM
+
+        chat = ChatVLLM(
+            model="Qwen/Qwen2.5-0.5B-Instruct",
+            vllm_kwargs={"dtype": "bfloat16", "max_model_len": 4096},
+            temperature=0.2,
+            max_tokens=256,
+        )
+        chat.invoke("Name three moons of Jupiter.").content
+        ```
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    model: str
+    """Model path or hub id (required)."""
+
+    vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Options for vLLM's engine (``dtype``, ``max_model_len``, ``tensor_parallel_size``, ...).
+    Default ``{}``: vLLM's own defaults."""
+
+    temperature: float | None = None
+    """Sampling temperature in [0, 2]; 0 is greedy. Default ``None``: the model's
+    generation_config value, else vLLM's."""
+
+    top_p: float | None = None
+    """Nucleus sampling mass in (0, 1]. Default ``None``: the model's default."""
+
+    top_k: int | None = None
+    """Sample among the k most likely tokens (-1 or 0: all). Default ``None``: the model's."""
+
+    max_tokens: int | None = None
+    """Most tokens to generate. Default ``None``: 512, capped by the context window."""
+
+    repetition_penalty: float | None = None
+    """Penalty > 1 discourages repeats. Default ``None``: the model's, else 1.1."""
+
+    stop: list[str] | None = None
+    """Strings that end generation (not included in the output). A call's ``stop`` replaces
+    these. Default ``None``: only the model's end-of-turn tokens."""
+
+    seed: int | None = None
+    """Random seed for sampling, per request. Default ``None``: not seeded."""
+
+    logprobs: bool | int | None = None
+    """``True`` puts each generated token's logprob in ``response_metadata["logprobs"]``; an
+    int k adds the k most likely alternatives. Default ``None``: no logprobs."""
+
+    n: int | None = None
+    """Choices per request; ``generate`` returns each as its own generation (``stream``
+    interleaves their chunks). Default ``None`` (one)."""
+
+    chat_template: str | None = None
+    """A Jinja chat template overriding the tokenizer's. Default ``None``: the model's
+    template (or a family fallback)."""
+
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Extra variables for the chat template (e.g. ``{"enable_thinking": False}``). Default
+    ``None``."""
+
+    tool_parser: str | None = None
+    """vLLM tool parser name (``hermes``, ``llama3_json``, ``mistral``, ...). Default ``None``:
+    chosen by model family when tools are bound."""
+
+    reasoning_parser: str | None = None
+    """vLLM reasoning parser name (``qwen3``, ``deepseek_r1``, ...); reasoning then goes to
+    ``additional_kwargs["reasoning_content"]``, never to ``content``. Default ``None``."""
+
+    extra_sampling: dict[str, Any] = Field(default_factory=dict)
+    """Other vLLM sampling values for every call (``min_p``, ``presence_penalty``,
+    ``ignore_eos``, ...). Default ``{}``."""
+
+    streaming: bool = False
+    """Accepted for compatibility: ``ChatVLLM`` always generates through its stream and fires
+    ``on_llm_new_token`` for every chunk. Default ``False``."""
+
+    @model_validator(mode="after")
+    def _check_fields(self) -> Self:
+        if self.stop is not None and "stop" in self.extra_sampling:
+            msg = "`stop` was given both as a field and in extra_sampling; pass it once."
+            raise ValueError(msg)
+        check_sampling(self._instance_sampling())
+        return self
+
+    # -- identity ------------------------------------------------------------------------
+
+    @property
+    def _llm_type(self) -> str:
+        return "vllm-inline"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "vllm_kwargs": self.vllm_kwargs,
+            **self._instance_sampling(),
+            **{k: getattr(self, k) for k in _REQUEST_FIELDS if getattr(self, k) is not None},
+        }
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = LangSmithParams(
+            ls_provider="vllm", ls_model_name=kwargs.get("model", self.model), ls_model_type="chat"
+        )
+        temperature = kwargs.get("temperature", self.temperature)
+        if temperature is not None:
+            params["ls_temperature"] = float(temperature)
+        max_tokens = kwargs.get("max_tokens", self.max_tokens)
+        if max_tokens is not None:
+            params["ls_max_tokens"] = max_tokens
+        ls_stop = stop if stop is not None else self.stop
+        if ls_stop:
+            params["ls_stop"] = list(ls_stop)
+        return params
+
+    @property
+    def engine(self) -> Engine:
+        """The shared engine for ``model`` and ``vllm_kwargs`` (looked up, not started)."""
+        return get_engine(self.model, **self.vllm_kwargs)
+
+    # -- requests ------------------------------------------------------------------------
+
+    def _instance_sampling(self) -> dict[str, Any]:
+        values = {**self.extra_sampling, **{k: getattr(self, k) for k in _SAMPLING_FIELDS}}
+        return {k: v for k, v in values.items() if v is not None}
+
+    def _request_kwargs(
+        self, stop: list[str] | None = None, kwargs: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Engine keyword arguments: instance fields, overridden by the call's; unset dropped.
+
+        A call's ``stop`` replaces the ``stop`` field; ``stop`` given both as the call's
+        argument and among its keyword arguments or in ``extra_sampling`` is refused.
+        """
+        kwargs = dict(kwargs or {})
+        if stop is not None and ("stop" in kwargs or "stop" in self.extra_sampling):
+            where = "the call's keyword arguments" if "stop" in kwargs else "extra_sampling"
+            msg = f"`stop` was given both as the call's argument and in {where}; pass it once."
+            raise ValueError(msg)
+        if stop is not None:
+            kwargs["stop"] = stop
+        request = {
+            **self._instance_sampling(),
+            **{k: getattr(self, k) for k in _REQUEST_FIELDS},
+            **kwargs,
+        }
+        return {k: v for k, v in request.items() if v is not None}
+
+    def _prepare(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> tuple[Engine, str, list[dict[str, Any]], dict[str, Any]]:
+        """Engine, model name, wire messages and engine kwargs of one call.
+
+        A call's ``model=...`` picks another model's shared engine (same ``vllm_kwargs``).
+        """
+        model = kwargs.pop("model", None) or self.model
+        wire = [_convert_message_to_dict(m, f"messages[{i}]") for i, m in enumerate(messages)]
+        request = self._request_kwargs(stop, kwargs)
+        return get_engine(model, **self.vllm_kwargs), model, wire, request
+
+    def _chunks(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: CallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
+    ) -> Iterator[_Indexed]:
+        """The sync stream: ``(choice index, chunk)`` per engine delta, callback fired."""
+        engine, model, wire, request = self._prepare(messages, stop, kwargs)
+        for delta in engine.stream(wire, **request):
+            chunk = ChatGenerationChunk(message=_delta_to_chunk(delta, model))
+            if run_manager:
+                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield delta.index, chunk
+
+    async def _achunks(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        run_manager: AsyncCallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
+    ) -> AsyncIterator[_Indexed]:
+        """The async stream: ``(choice index, chunk)`` per engine delta, callback fired."""
+        engine, model, wire, request = self._prepare(messages, stop, kwargs)
+        async for delta in engine.astream(wire, **request):
+            chunk = ChatGenerationChunk(message=_delta_to_chunk(delta, model))
+            if run_manager:
+                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield delta.index, chunk
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        for _, chunk in self._chunks(messages, stop, run_manager, kwargs):
+            yield chunk
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        async for _, chunk in self._achunks(messages, stop, run_manager, kwargs):
+            yield chunk
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        return self._aggregate(self._chunks(messages, stop, run_manager, kwargs))
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        chunks = [c async for c in self._achunks(messages, stop, run_manager, kwargs)]
+        return self._aggregate(chunks)
+
+    def _aggregate(self, chunks: Iterable[_Indexed]) -> ChatResult:
+        """One generation per choice, each aggregated from its chunks by LangChain."""
+        by_choice: dict[int, list[ChatGenerationChunk]] = {}
+        for index, chunk in chunks:
+            by_choice.setdefault(index, []).append(chunk)
+        generations = [
+            generate_from_stream(iter(by_choice[i])).generations[0] for i in sorted(by_choice)
+        ]
+        model_name = generations[0].message.response_metadata.get("model_name", self.model)
+        return ChatResult(generations=generations, llm_output={"model_name": model_name})
+
+    # -- tools and structured output -----------------------------------------------------
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: dict[str, Any] | str | bool | None = None,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools: they go into the chat template and the output is parsed for calls.
+
+        ``tool_choice``: ``"auto"``, ``"none"``, ``"required"`` (or ``"any"``/``True``) or a
+        tool name (or ``{"type": "function", "function": {"name": ...}}``); ``"required"`` and
+        a name are enforced with vLLM's structured outputs. ``strict=True`` closes the tools'
+        argument schemas (``additionalProperties: false``), so an enforced call has exactly
+        the declared arguments.
+        """
+        formatted = [convert_to_openai_tool(t, strict=strict) for t in tools]
+        if tool_choice is not None and tool_choice is not False:
+            kwargs["tool_choice"] = _normalize_tool_choice(tool_choice, formatted)
+        elif tool_choice is False:
+            kwargs["tool_choice"] = "none"
+        return super().bind(tools=formatted, **kwargs)
+
+    def with_structured_output(
+        self,
+        schema: dict[str, Any] | type,
+        *,
+        method: Literal["json_schema", "function_calling", "json_mode"] = "json_schema",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, dict[str, Any] | Any]:
+        """Answers that match ``schema`` (a Pydantic class, a TypedDict or a JSON schema).
+
+        ``method="json_schema"`` (default) constrains decoding to the schema with vLLM's
+        structured outputs, so the answer always validates, streaming too;
+        ``"function_calling"`` binds the schema as the one tool the model must call (its
+        arguments schema closed unless ``strict=False``); ``"json_mode"`` constrains decoding
+        to some JSON object (describe the shape in the prompt). With ``include_raw=True``
+        the result is ``{"raw", "parsed", "parsing_error"}``.
+        """
+        if kwargs:
+            msg = f"Unexpected arguments for with_structured_output: {sorted(kwargs)}"
+            raise ValueError(msg)
+        pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+        trace = {"ls_structured_output_format": {"kwargs": {"method": method}, "schema": schema}}
+        parser: Runnable[Any, Any]
+        if method == "function_calling":
+            name = convert_to_openai_tool(schema)["function"]["name"]
+            llm = self.bind_tools(
+                [schema], tool_choice=name, strict=True if strict is None else strict, **trace
+            )
+            parser = (
+                PydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
+                if pydantic
+                else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
+            )
+        elif method in ("json_schema", "json_mode"):
+            structured = (
+                {"json": _json_schema(schema)} if method == "json_schema" else {"json_object": True}
+            )
+            llm = self.bind(structured_outputs=structured, **trace)
+            parser = (
+                PydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type]
+                if pydantic
+                else JsonOutputParser()
+            )
+        else:
+            msg = (
+                f"method={method!r} is invalid: use 'json_schema', 'function_calling' or "
+                "'json_mode'."
+            )
+            raise BadRequestError(msg, parameter="method", value=method)
+        if not include_raw:
+            return llm | parser
+        parsed = RunnablePassthrough.assign(
+            parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
+        )
+        unparsed = RunnablePassthrough.assign(parsed=lambda _: None)
+        return RunnableMap(raw=llm) | parsed.with_fallbacks(
+            [unparsed], exception_key="parsing_error"
+        )
+
+
+def _normalize_tool_choice(
+    tool_choice: dict[str, Any] | str | bool, tools: list[dict[str, Any]]
+) -> str:
+    """``tool_choice`` as the engine takes it: "auto", "none", "required" or a tool name."""
+    names = [t["function"]["name"] for t in tools]
+    choice: Any = tool_choice
+    if choice is True or choice == "any":
+        choice = "required"
+    elif isinstance(choice, Mapping):
+        function = choice.get("function")
+        choice = function.get("name") if isinstance(function, Mapping) else choice.get("name")
+    if choice in ("auto", "none", "required") or (isinstance(choice, str) and choice in names):
+        return choice
+    raise BadRequestError.invalid(
+        "tool_choice",
+        tool_choice,
+        f"'auto', 'none', 'required'/'any'/True or the name of a bound tool {names}",
+    )
+
+
+def _json_schema(schema: dict[str, Any] | type) -> dict[str, Any]:
+    """The JSON schema of a Pydantic class, a TypedDict, a function schema or a JSON schema."""
+    if isinstance(schema, type) and is_basemodel_subclass(schema):
+        if hasattr(schema, "model_json_schema"):
+            return schema.model_json_schema()
+        return schema.schema()  # pydantic.v1
+    if isinstance(schema, Mapping) and "properties" in schema and "type" in schema:
+        return dict(schema)
+    return convert_to_json_schema(schema)

@@ -1,0 +1,240 @@
+"""``ChatVLLM`` without an engine: imports, converters, the request builder and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from langchain_core.messages import (
+    AIMessage,
+    FunctionMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from pydantic import BaseModel, ValidationError
+
+import vllm_inline.integrations.langchain as lc
+from vllm_inline.engine import BadRequestError, Delta, TokenLogprob, ToolCallDelta, Usage
+from vllm_inline.integrations.langchain import ChatVLLM
+from vllm_inline.integrations.langchain._convert import _convert_message_to_dict, _delta_to_chunk
+
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"  # never started in this module
+
+
+def test_all_is_pinned() -> None:
+    assert lc.__all__ == ["ChatVLLM"]
+
+
+def test_import_loads_neither_vllm_nor_torch() -> None:
+    code = (
+        "import sys, vllm_inline.integrations.langchain; "
+        "assert 'vllm' not in sys.modules and 'torch' not in sys.modules, "
+        "sorted(m for m in sys.modules if m in ('vllm', 'torch'))"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_construction_starts_nothing_and_shares_the_engine() -> None:
+    a = ChatVLLM(model=MODEL, vllm_kwargs={"dtype": "float32"})
+    b = ChatVLLM(model=MODEL, vllm_kwargs={"dtype": "float32"}, temperature=0.3)
+    assert a.engine is b.engine
+    assert not a.engine.started
+    assert ChatVLLM(model=MODEL).engine is not a.engine
+
+
+def test_identity_and_tracing_params() -> None:
+    chat = ChatVLLM(
+        model=MODEL, temperature=0.5, max_tokens=7, stop=["\n"], reasoning_parser="qwen3"
+    )
+    assert chat._llm_type == "vllm-inline"
+    assert chat._identifying_params == {
+        "model": MODEL,
+        "vllm_kwargs": {},
+        "temperature": 0.5,
+        "max_tokens": 7,
+        "stop": ["\n"],
+        "reasoning_parser": "qwen3",
+    }
+    assert chat._get_ls_params() == {
+        "ls_provider": "vllm",
+        "ls_model_name": MODEL,
+        "ls_model_type": "chat",
+        "ls_temperature": 0.5,
+        "ls_max_tokens": 7,
+        "ls_stop": ["\n"],
+    }
+    assert chat._get_ls_params(stop=["x"], temperature=0.1)["ls_stop"] == ["x"]
+
+
+def test_request_merges_fields_and_call_values() -> None:
+    chat = ChatVLLM(
+        model=MODEL, temperature=0.5, top_k=3, stop=["a"], extra_sampling={"min_p": 0.1},
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    request = chat._request_kwargs(["b"], {"temperature": 0.0, "tools": None})
+    assert request == {
+        "temperature": 0.0,
+        "top_k": 3,
+        "stop": ["b"],  # the call's stop replaces the instance's
+        "min_p": 0.1,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    assert chat._request_kwargs()["stop"] == ["a"]
+
+
+def test_stop_both_ways_is_refused() -> None:
+    with pytest.raises(ValueError, match="stop"):
+        ChatVLLM(model=MODEL)._request_kwargs(["a"], {"stop": ["b"]})
+    with pytest.raises(ValueError, match="stop"):
+        ChatVLLM(model=MODEL, extra_sampling={"stop": ["b"]})._request_kwargs(["a"])
+    with pytest.raises(ValueError, match="stop"):
+        ChatVLLM(model=MODEL, extra_sampling={"stop": ["b"]}).invoke("hi", stop=["a"])
+    with pytest.raises(ValueError, match="stop"):
+        ChatVLLM(model=MODEL, stop=["a"], extra_sampling={"stop": ["b"]})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("temperature", -1.0), ("top_p", 0.0), ("max_tokens", 0), ("n", 0), ("stop", [""])],
+)
+def test_bad_field_is_refused_at_construction(field: str, value: Any) -> None:
+    with pytest.raises(ValidationError, match=field):
+        ChatVLLM(model=MODEL, **{field: value})
+
+
+def test_unknown_field_is_refused() -> None:
+    with pytest.raises(ValidationError, match="temprature"):
+        ChatVLLM(model=MODEL, temprature=0.1)
+
+
+class _Weather(BaseModel):
+    """Weather in a city."""
+
+    city: str
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "expected"),
+    [
+        ("auto", "auto"),
+        ("none", "none"),
+        ("any", "required"),
+        (True, "required"),
+        (False, "none"),
+        ("required", "required"),
+        ("_Weather", "_Weather"),
+        ({"type": "function", "function": {"name": "_Weather"}}, "_Weather"),
+    ],
+)
+def test_bind_tools_normalizes_tool_choice(tool_choice: Any, expected: str) -> None:
+    bound = ChatVLLM(model=MODEL).bind_tools([_Weather], tool_choice=tool_choice)
+    assert bound.kwargs["tool_choice"] == expected  # type: ignore[attr-defined]
+    assert bound.kwargs["tools"][0]["function"]["name"] == "_Weather"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("tool_choice", ["get_time", {"function": {"name": "nope"}}, 3])
+def test_bind_tools_refuses_unknown_tool_choice(tool_choice: Any) -> None:
+    with pytest.raises(BadRequestError, match="tool_choice"):
+        ChatVLLM(model=MODEL).bind_tools([_Weather], tool_choice=tool_choice)
+
+
+def test_with_structured_output_refuses_unknown_method() -> None:
+    with pytest.raises(BadRequestError, match="method"):
+        ChatVLLM(model=MODEL).with_structured_output(
+            _Weather, method="xml"  # type: ignore[arg-type]
+        )
+
+
+# -- converters ------------------------------------------------------------------------------
+
+
+def test_messages_convert_to_openai_dicts() -> None:
+    messages = [
+        SystemMessage("Be brief."),
+        HumanMessage([{"type": "text", "text": "Weather"}, "in Oslo?"], name="ann"),
+        AIMessage("", tool_calls=[{"name": "get_weather", "args": {"city": "Oslo"}, "id": "c1"}]),
+        ToolMessage("sunny", tool_call_id="c1"),
+        AIMessage([{"type": "reasoning", "reasoning": "hm"}, {"type": "text", "text": "Sunny."}]),
+    ]
+    assert [_convert_message_to_dict(m) for m in messages] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather\nin Oslo?", "name": "ann"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps({"city": "Oslo"})},
+                }
+            ],
+        },
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+        {"role": "assistant", "content": "Sunny."},
+    ]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        HumanMessage([{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]),
+        HumanMessage([{"type": "image", "base64": "AA", "mime_type": "image/png"}]),
+        ToolMessage(
+            [{"type": "file", "base64": "AA", "mime_type": "application/pdf"}], tool_call_id="c"
+        ),
+        FunctionMessage("x", name="f"),
+    ],
+)
+def test_messages_the_model_cannot_take_are_refused(message: Any) -> None:
+    with pytest.raises(BadRequestError, match="messages\\[0\\]"):
+        ChatVLLM(model=MODEL)._prepare([message], None, {})
+
+
+def test_delta_to_chunk_text_reasoning_and_tools() -> None:
+    chunk = _delta_to_chunk(Delta(text="Hi", reasoning="think"), "m")
+    assert chunk.content == "Hi"
+    assert chunk.additional_kwargs == {"reasoning_content": "think"}
+    assert chunk.content_blocks[0] == {"type": "reasoning", "reasoning": "think"}
+    assert chunk.chunk_position is None and chunk.usage_metadata is None
+
+    call = _delta_to_chunk(
+        Delta(tool_calls=(ToolCallDelta(index=0, id="c1", name="f", arguments='{"a"'),)), "m"
+    )
+    assert call.tool_call_chunks == [
+        {"type": "tool_call_chunk", "name": "f", "args": '{"a"', "id": "c1", "index": 0}
+    ]
+
+
+def test_last_delta_carries_usage_and_metadata() -> None:
+    last = _delta_to_chunk(
+        Delta(
+            text=".",
+            finish_reason="stop",
+            stop_reason=None,
+            usage=Usage(prompt_tokens=5, completion_tokens=3),
+            logprobs=(TokenLogprob(".", 7, -0.5, ((",", -1.5),)),),
+        ),
+        "m",
+    )
+    assert last.chunk_position == "last"
+    assert last.usage_metadata == {"input_tokens": 5, "output_tokens": 3, "total_tokens": 8}
+    assert last.response_metadata == {
+        "finish_reason": "stop",
+        "model_name": "m",
+        "stop_reason": None,
+        "logprobs": {
+            "content": [
+                {
+                    "token": ".",
+                    "token_id": 7,
+                    "logprob": -0.5,
+                    "top_logprobs": [{"token": ",", "logprob": -1.5}],
+                }
+            ]
+        },
+    }
