@@ -18,6 +18,7 @@ from .errors import (
     EngineShutdownError,
     EngineUnavailableError,
     ModelLoadError,
+    UnsupportedTaskError,
     VLLMInlineError,
 )
 from .sampling import DEFAULTS
@@ -37,6 +38,7 @@ __all__ = [
     "StopPolicy",
     "TokenLogprob",
     "ToolCallDelta",
+    "UnsupportedTaskError",
     "Usage",
     "VLLMInlineError",
     "get_engine",

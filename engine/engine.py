@@ -32,6 +32,7 @@ from .errors import (
     ModelLoadError,
     VLLMInlineError,
 )
+from .lora import Adapter, registry
 from .messages import validate_messages, validate_tool_choice, validate_tools
 from .parsing import OutputParser, make_parser_factory
 from .sampling import DEFAULTS, check_sampling, layer_sampling
@@ -78,6 +79,7 @@ class _Request:
     structured_outputs: Mapping[str, Any] | None
     tool_parser: str | None
     reasoning_parser: str | None
+    lora: Adapter | None = None
 
 
 class Engine:
@@ -254,7 +256,8 @@ class Engine:
 
         Keyword arguments: ``prompt`` (a pre-formatted prompt instead of ``messages``),
         ``tools``, ``tool_choice``, ``chat_template``, ``chat_template_kwargs``,
-        ``tool_parser``, ``reasoning_parser``, ``structured_outputs`` and any vLLM sampling
+        ``tool_parser``, ``reasoning_parser``, ``structured_outputs``, ``lora`` (a LoRA adapter
+        directory, ``(name, path)`` or a name seen before: see :mod:`.lora`) and any vLLM sampling
         value (``max_tokens``, ``temperature``, ``stop``, ``seed``, ``n``, ``logprobs``, ...).
         Works from any event loop; never blocks it.
         """
@@ -268,6 +271,40 @@ class Engine:
         request = self._request(messages, kwargs)
         running = self._started()
         yield from iter_on(running.loop, lambda: self._generate(running, request))
+
+    async def aembed(
+        self,
+        texts: Sequence[str],
+        *,
+        truncate: bool = False,
+        normalize: bool | None = None,
+        batch_size: int = 64,
+    ) -> list[list[float]]:
+        """Embed ``texts`` on a pooling engine (``get_engine(model, runner="pooling")``).
+
+        One vector per text, in order. A text longer than ``max_model_len`` raises
+        :class:`ContextLengthExceededError` unless ``truncate=True``; ``normalize`` overrides the
+        model's L2 normalisation. Texts are tokenized ``batch_size`` at a time and all submitted
+        concurrently. Works from any event loop. See :mod:`.embeddings`.
+        """
+        from .embeddings import aembed
+
+        return await aembed(
+            self, texts, truncate=truncate, normalize=normalize, batch_size=batch_size
+        )
+
+    def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        truncate: bool = False,
+        normalize: bool | None = None,
+        batch_size: int = 64,
+    ) -> list[list[float]]:
+        """The synchronous form of :meth:`aembed` (same arguments, same vectors)."""
+        from .embeddings import embed
+
+        return embed(self, texts, truncate=truncate, normalize=normalize, batch_size=batch_size)
 
     def _request(self, messages: Any, kwargs: dict[str, Any]) -> _Request:
         """Validate everything that needs no engine, so bad input fails before any work."""
@@ -291,6 +328,7 @@ class Engine:
             raise BadRequestError.invalid("structured_outputs", structured, "a mapping, e.g. {'json': schema}")
         tool_parser = kwargs.pop("tool_parser", None)
         reasoning_parser = kwargs.pop("reasoning_parser", None)
+        lora = registry(self).resolve(kwargs.pop("lora", None))
         running = self._running
         sampling = check_sampling(kwargs, max_model_len=running.max_model_len if running else None)
         return _Request(
@@ -304,6 +342,7 @@ class Engine:
             structured_outputs=structured,
             tool_parser=tool_parser,
             reasoning_parser=reasoning_parser,
+            lora=lora,
         )
 
     async def _generate(self, running: _Running, request: _Request) -> AsyncIterator[Delta]:
@@ -314,6 +353,9 @@ class Engine:
         assert task is not None
         running.tasks.add(task)
         try:
+            from .embeddings import require_runner
+
+            require_runner(self.model, running.llm, "generate")  # not on an embedding engine
             async for delta in self._deltas(running, request, _vllm):
                 yield delta
         except asyncio.CancelledError:
@@ -405,7 +447,8 @@ class Engine:
         completion_tokens = 0
         pending_ids: dict[int, list[int]] = {}
         request_id = f"vllm-inline-{next(_request_ids)}"
-        async for out in llm.generate(engine_input, params, request_id):
+        lora_request = await registry(self).request(llm, request.lora, _vllm)
+        async for out in llm.generate(engine_input, params, request_id, lora_request=lora_request):
             last = len(out.outputs) - 1
             for k, c in enumerate(out.outputs):
                 completion_tokens += len(c.token_ids)

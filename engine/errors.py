@@ -18,6 +18,7 @@ __all__ = [
     "EngineShutdownError",
     "EngineUnavailableError",
     "ModelLoadError",
+    "UnsupportedTaskError",
     "VLLMInlineError",
 ]
 
@@ -52,6 +53,12 @@ class BadRequestError(VLLMInlineError, ValueError):
 
 class ContextLengthExceededError(BadRequestError):
     """The prompt (plus the requested output) does not fit the model's context window."""
+
+
+class UnsupportedTaskError(BadRequestError):
+    """The engine's runner cannot serve this call: chat on an embedding (pooling) engine, or
+    embeddings on a generation engine. ``parameter`` is ``"model"``; the message names the
+    ``get_engine(...)`` options that start the right engine."""
 
 
 class ChatTemplateError(BadRequestError):

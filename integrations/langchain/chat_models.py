@@ -52,7 +52,9 @@ _SAMPLING_FIELDS = (
     "logprobs",
     "n",
 )
-_REQUEST_FIELDS = ("chat_template", "chat_template_kwargs", "tool_parser", "reasoning_parser")
+_REQUEST_FIELDS = (
+    "chat_template", "chat_template_kwargs", "tool_parser", "reasoning_parser", "lora"
+)
 
 _Indexed = tuple[int, ChatGenerationChunk]
 
@@ -132,6 +134,12 @@ class ChatVLLM(BaseChatModel):
     reasoning_parser: str | None = None
     """vLLM reasoning parser name (``qwen3``, ``deepseek_r1``, ...); reasoning then goes to
     ``additional_kwargs["reasoning_content"]``, never to ``content``. Default ``None``."""
+
+    lora: str | tuple[str, str] | dict[str, str] | None = None
+    """LoRA adapter for every call: a local PEFT adapter directory, a ``(name, path)`` pair, or
+    the name of an adapter the engine has seen; a call's ``lora=`` (or ``.bind(lora=...)``)
+    replaces it. Needs ``vllm_kwargs={"enable_lora": True, "max_lora_rank": ...}``. Default
+    ``None``: the base model."""
 
     extra_sampling: dict[str, Any] = Field(default_factory=dict)
     """Other vLLM sampling values for every call (``min_p``, ``presence_penalty``,

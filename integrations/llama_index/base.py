@@ -57,6 +57,7 @@ _REQUEST_OPTIONS = (
     "chat_template_kwargs",
     "tool_parser",
     "reasoning_parser",
+    "lora",
 )
 
 
@@ -108,6 +109,12 @@ class VLLM(FunctionCallingLLM):
         default=None,
         description="vLLM reasoning parser ('qwen3', 'deepseek_r1', ...): reasoning is kept out "
         "of the content and returned as a ThinkingBlock. Default: None.",
+    )
+    lora: str | tuple[str, str] | dict[str, str] | None = Field(
+        default=None,
+        description="LoRA adapter for every call: a local PEFT adapter directory, a (name, path) "
+        "pair, or the name of an adapter the engine has seen; a call's lora=... replaces it. "
+        "Needs vllm_kwargs={'enable_lora': True, 'max_lora_rank': ...}. Default: None (base model).",
     )
     additional_kwargs: dict[str, Any] = Field(
         default_factory=dict,
@@ -218,6 +225,7 @@ class VLLM(FunctionCallingLLM):
                 "chat_template_kwargs": self.chat_template_kwargs,
                 "tool_parser": self.tool_parser,
                 "reasoning_parser": self.reasoning_parser,
+                "lora": self.lora,
             },
             options,
             sampling,
