@@ -23,7 +23,8 @@ def test_engine_exports_are_pinned():
     assert sorted(engine_module.__all__) == sorted([
         "DEFAULTS", "BadRequestError", "ChatTemplateError", "ContextLengthExceededError",
         "Delta", "Engine", "EngineDeadError", "EngineShutdownError", "EngineUnavailableError",
-        "ModelLoadError", "StopPolicy", "TokenLogprob", "ToolCallDelta", "Usage",
+        "ModelLoadError", "StopPolicy", "TokenLogprob", "ToolCallDelta", "UnsupportedTaskError",
+        "Usage",
         "VLLMInlineError", "get_engine", "shutdown_all",
     ])
 

@@ -26,7 +26,7 @@ MODEL = "Qwen/Qwen2.5-0.5B-Instruct"  # never started in this module
 
 
 def test_all_is_pinned() -> None:
-    assert lc.__all__ == ["ChatVLLM"]
+    assert lc.__all__ == ["ChatVLLM", "VLLMEmbeddings"]
 
 
 def test_import_loads_neither_vllm_nor_torch() -> None:

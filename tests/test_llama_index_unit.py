@@ -27,7 +27,7 @@ NO_MODEL = "/nonexistent/vllm-inline-model"  # never started: every error comes 
 
 
 def test_all_is_pinned() -> None:
-    assert li.__all__ == ["VLLM"]
+    assert li.__all__ == ["VLLM", "VLLMEmbedding"]
 
 
 def test_import_loads_neither_torch_nor_vllm() -> None:

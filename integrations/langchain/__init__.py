@@ -1,4 +1,5 @@
-"""LangChain integration: :class:`ChatVLLM`, vLLM in this process as a chat model.
+"""LangChain integration: :class:`ChatVLLM`, vLLM in this process as a chat model, and
+:class:`VLLMEmbeddings`, its embeddings.
 
 Importing this package loads neither vLLM nor torch; the engine starts on the first call.
 """
@@ -6,5 +7,6 @@ Importing this package loads neither vLLM nor torch; the engine starts on the fi
 from __future__ import annotations
 
 from .chat_models import ChatVLLM
+from .embeddings import VLLMEmbeddings
 
-__all__ = ["ChatVLLM"]
+__all__ = ["ChatVLLM", "VLLMEmbeddings"]

@@ -1,0 +1,260 @@
+"""Embeddings on the shared engine: :meth:`Engine.aembed` and :meth:`Engine.embed`.
+
+An embedding engine is an :class:`~.engine.Engine` started with vLLM's pooling runner,
+``get_engine(model, runner="pooling", ...)``: the same registry, loop thread, typed errors and
+shutdown as the chat engines. (A checkpoint whose architecture is an encoder, ``BertModel``,
+``LlamaModel``, ``Qwen2Model``..., gets the pooling runner by itself; a ``*ForCausalLM`` one is
+converted by vLLM into an embedder under ``runner="pooling"``, i.e. ``convert="embed"``.)
+Pooling and normalisation come from the model (sentence-transformers ``modules.json``, else
+vLLM's per-architecture default); ``normalize=True/False`` overrides the normalisation.
+
+One call runs as one task on the engine loop:
+
+1. the texts are tokenized in batches of ``batch_size`` (one renderer call per batch), and
+   every length is checked *before anything is submitted*: a text longer than ``max_model_len``
+   raises :class:`ContextLengthExceededError` naming ``texts[i]``, unless ``truncate=True``
+   (then vLLM keeps its first ``max_model_len`` tokens);
+2. every text is submitted to vLLM as its own ``encode`` request, concurrently (at most
+   ``batch_size * 4`` in flight), so vLLM's scheduler batches them, also with other callers'.
+
+The async form awaits that task from the caller's loop; the sync form blocks on it. Cancelling
+the caller (or an error in one request) cancels the rest, which aborts them in vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    BadRequestError,
+    ContextLengthExceededError,
+    EngineDeadError,
+    EngineShutdownError,
+    UnsupportedTaskError,
+    VLLMInlineError,
+)
+
+if TYPE_CHECKING:
+    from .engine import Engine, _Running
+
+__all__ = ["DEFAULT_BATCH_SIZE", "aembed", "check_embed_options", "embed", "require_runner"]
+
+DEFAULT_BATCH_SIZE = 64
+"""Texts tokenized per renderer call; ``4 *`` this many requests are in flight at most."""
+
+_BATCHES_IN_FLIGHT = 4
+_request_ids = itertools.count()
+
+
+# -- validation (no engine needed) -------------------------------------------------------------
+
+
+def _validate(texts: Any, truncate: Any, normalize: Any, batch_size: Any) -> list[str]:
+    if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
+        raise BadRequestError.invalid(
+            "texts", texts, "a list of strings (embed one text as [text])"
+        )
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise BadRequestError.invalid(f"texts[{i}]", text, "a string")
+    check_embed_options(truncate, normalize, batch_size)
+    return list(texts)
+
+
+def check_embed_options(truncate: Any, normalize: Any, batch_size: Any) -> None:
+    """Raise :class:`BadRequestError` for a bad ``truncate``, ``normalize`` or ``batch_size``."""
+    if not isinstance(truncate, bool):
+        raise BadRequestError.invalid("truncate", truncate, "True or False")
+    if normalize is not None and not isinstance(normalize, bool):
+        raise BadRequestError.invalid(
+            "normalize", normalize, "True, False or None (the model's setting)"
+        )
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise BadRequestError.invalid("batch_size", batch_size, "a positive integer")
+
+
+def require_runner(model: str, llm: Any, wanted: str) -> None:
+    """Raise :class:`UnsupportedTaskError` unless the engine runs vLLM's ``wanted`` runner."""
+    from . import _vllm_pooling
+
+    if llm is None:
+        return  # shut down or dead: the caller's own check says so
+    have = _vllm_pooling.runner_type(llm)
+    if have == wanted:
+        return
+    if wanted == "pooling":
+        message = (
+            f"The engine for {model!r} runs vLLM's {have!r} runner, which cannot embed. Embeddings "
+            f"need a pooling engine: get_engine({model!r}, runner='pooling', ...) (VLLMEmbeddings "
+            "and VLLMEmbedding start one). vLLM converts a *ForCausalLM checkpoint into an "
+            "embedder under runner='pooling' (convert='embed')."
+        )
+    else:
+        message = (
+            f"The engine for {model!r} runs vLLM's {have!r} runner (embeddings) and cannot "
+            f"generate text: call engine.embed(...) on it, or chat through a generation engine, "
+            f"get_engine({model!r}, ...) without runner='pooling'."
+        )
+    raise UnsupportedTaskError(message, parameter="model", value=model)
+
+
+# -- the two entry points ------------------------------------------------------------------------
+
+
+async def aembed(
+    engine: Engine,
+    texts: Sequence[str],
+    *,
+    truncate: bool = False,
+    normalize: bool | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> list[list[float]]:
+    """See :meth:`Engine.aembed`."""
+    items = _validate(texts, truncate, normalize, batch_size)
+    if not items:
+        return []
+    running = await engine._astarted()
+    job = _embed(engine.model, running, items, truncate, normalize, batch_size)
+    return await asyncio.wrap_future(running.loop.submit(job))
+
+
+def embed(
+    engine: Engine,
+    texts: Sequence[str],
+    *,
+    truncate: bool = False,
+    normalize: bool | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> list[list[float]]:
+    """See :meth:`Engine.embed`."""
+    items = _validate(texts, truncate, normalize, batch_size)
+    if not items:
+        return []
+    running = engine._started()
+    if running.loop.in_loop_thread:
+        raise RuntimeError(
+            "Engine.embed() was called on the engine's own loop thread, where it would wait for "
+            "itself: await engine.aembed(...) there instead."
+        )
+    job = _embed(engine.model, running, items, truncate, normalize, batch_size)
+    future = running.loop.submit(job)
+    try:
+        return future.result()
+    finally:
+        future.cancel()  # no-op once done; on KeyboardInterrupt it aborts the requests
+
+
+# -- on the engine loop ------------------------------------------------------------------------
+
+
+async def _embed(
+    model: str,
+    running: _Running,
+    texts: list[str],
+    truncate: bool,
+    normalize: bool | None,
+    batch_size: int,
+) -> list[list[float]]:
+    from . import _vllm, _vllm_pooling
+
+    task = asyncio.current_task()
+    assert task is not None
+    running.tasks.add(task)
+    try:
+        llm = running.llm
+        if llm is None or llm.errored:
+            raise EngineDeadError(
+                f"The vLLM engine for {model!r} is dead. Call engine.restart() to start a new one."
+            )
+        require_runner(model, llm, "pooling")
+        tasks = await _vllm_pooling.supported_tasks(llm)
+        if "embed" not in tasks:
+            raise UnsupportedTaskError(
+                f"The pooling engine for {model!r} supports {list(tasks)}, not 'embed'. Start it "
+                "with convert='embed' (get_engine(model, runner='pooling', convert='embed')).",
+                parameter="model",
+                value=model,
+            )
+        inputs: list[Any] = []
+        for start in range(0, len(texts), batch_size):
+            batch = texts[start : start + batch_size]
+            inputs += await _render(running, batch, start, truncate, _vllm_pooling)
+        params = _vllm_pooling.make_pooling_params(normalize)
+        limit = batch_size * _BATCHES_IN_FLIGHT
+        return await _encode_all(llm, inputs, params, limit, _vllm_pooling)
+    except asyncio.CancelledError:
+        if running.closing:
+            raise EngineShutdownError(
+                f"The engine for {model!r} was shut down while this embedding call ran."
+            ) from None
+        raise
+    except VLLMInlineError:
+        raise
+    except Exception as e:
+        mapped = _vllm.map_error(e, model)
+        if mapped is None:
+            raise
+        raise mapped from e
+    finally:
+        running.tasks.discard(task)
+
+
+async def _render(
+    running: _Running, batch: list[str], start: int, truncate: bool, _vllm_pooling: Any
+) -> list[Any]:
+    """Engine inputs for ``batch`` (``texts[start:]``); over-long or empty texts are named."""
+    llm = running.llm
+    try:
+        inputs = await _vllm_pooling.render_texts(llm, batch, truncate=truncate)
+    except Exception as e:
+        if not _vllm_pooling.is_context_length_error(e):
+            raise
+        for k, text in enumerate(batch):  # find the culprit: renders again, one by one
+            try:
+                await _vllm_pooling.render_texts(llm, [text], truncate=False)
+            except Exception as one:
+                if not _vllm_pooling.is_context_length_error(one):
+                    raise
+                tokens = getattr(one, "value", None)
+                counted = f"{tokens} or more" if isinstance(tokens, int) else "more"
+                raise ContextLengthExceededError(
+                    f"texts[{start + k}] has {counted} tokens, more than the model's context "
+                    f"window of {running.max_model_len} (max_model_len). Split it into shorter "
+                    f"chunks, pass truncate=True to embed only its first "
+                    f"{running.max_model_len} tokens, or start the engine with a larger "
+                    "max_model_len (vllm_kwargs).",
+                    parameter=f"texts[{start + k}]",
+                    value=tokens,
+                ) from one
+        raise
+    for k, engine_input in enumerate(inputs):
+        if _vllm_pooling.token_count(engine_input) == 0:
+            raise BadRequestError(
+                f"texts[{start + k}] is empty (no tokens): there is nothing to embed. Drop empty "
+                "texts before embedding.",
+                parameter=f"texts[{start + k}]",
+                value=batch[k],
+            )
+    return inputs
+
+
+async def _encode_all(
+    llm: Any, inputs: list[Any], params: Any, limit: int, _vllm_pooling: Any
+) -> list[list[float]]:
+    """Submit every input at once (at most ``limit`` in flight); results in input order."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(engine_input: Any) -> list[float]:
+        async with gate:
+            request_id = f"vllm-inline-embed-{next(_request_ids)}"
+            return await _vllm_pooling.encode_one(llm, engine_input, params, request_id)
+
+    tasks = [asyncio.ensure_future(one(engine_input)) for engine_input in inputs]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for t in tasks:  # after an error: abort the requests still running
+            t.cancel()
