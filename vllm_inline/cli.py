@@ -21,28 +21,39 @@ __all__ = ["main"]
 DEMO_QUESTION = "What does vllm-inline do?"
 
 
+def is_scripted(model: str | None) -> bool:
+    """True for the embedded demo model and any other scripted model directory."""
+    return model is None or os.path.isfile(os.path.join(os.path.expanduser(model), "scenario.json"))
+
+
 def engine_kwargs_for(model: str | None) -> dict[str, Any]:
-    """vLLM options that work on this machine: float32 and a small KV cache on a CPU."""
+    """vLLM options that work on this machine: float32 and a small KV cache on a CPU.
+
+    ``model=None`` (the embedded demo model) and scripted model directories get the small
+    settings the test suite uses, so a demo or an example run in the tests shares its engine.
+    """
     import torch
 
+    small = is_scripted(model)
     if torch.cuda.is_available():
-        return {"max_model_len": 4096} if model else {"max_model_len": 512}
+        return {"max_model_len": 512 if small else 4096}
     # On the CPU bfloat16 kills the worker (SIGILL) and the default memory share fails at start.
     return {
         "dtype": "float32",
-        "max_model_len": 512 if model is None else 2048,
+        "max_model_len": 512 if small else 2048,
         "enforce_eager": True,
-        "kv_cache_memory_bytes": (128 if model is None else 1024) * 2**20,
+        "kv_cache_memory_bytes": (128 if small else 1024) * 2**20,
     }
 
 
-def resolve_model(model: str | None) -> str:
-    """``model`` itself, or the path of the embedded demo model (built on first use)."""
+def resolve_model(model: str | None, scenario: str = "demo") -> str:
+    """``model`` itself, or the path of a scripted model (built locally on first use, under a
+    second, no download): by default the embedded demo model."""
     if model:
         return model
     from .scripted import build_scripted_model
 
-    return str(build_scripted_model("demo"))
+    return str(build_scripted_model(scenario))
 
 
 class Spinner:
@@ -79,10 +90,15 @@ class Spinner:
 def _start_engine(model: str | None):
     from .engine import get_engine
 
-    path = resolve_model(model)
-    engine = get_engine(path, **engine_kwargs_for(model))
-    with Spinner(f"Starting vLLM for {model or 'the embedded demo model'}"):
+    with Spinner(f"Starting vLLM and loading {model or 'the embedded demo model'}"):
+        engine = get_engine(resolve_model(model), **engine_kwargs_for(model))
         engine.start()
+    policy = engine.stop_policy
+    print(
+        f"Engine ready: {model or 'embedded demo model (scripted, built locally)'}; "
+        f"chat template: {policy.template_source}; stop tokens: {', '.join(policy.stop_tokens)}",
+        flush=True,
+    )
     return engine
 
 
@@ -142,11 +158,22 @@ def chat(model: str | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vllm_inline", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m vllm_inline",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, help_text in (("demo", "stream a demo answer"), ("chat", "interactive chat")):
-        p = sub.add_parser(name, help=help_text)
+    for name, help_text in (
+        ("demo", "stream one answer through the engine, LangChain and LlamaIndex"),
+        ("chat", "interactive streaming chat in the terminal"),
+    ):
+        p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--model", default=os.environ.get("MODEL") or None,
-                       help="hub id or local path (default: the embedded scripted model)")
+                       help="hub id or local path (default: $MODEL, else the embedded scripted model)")
+        p.add_argument("--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)")
     args = parser.parse_args(argv)
+    if not args.verbose:
+        # Read by vLLM when it is first imported (here and in its engine-core process).
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     return demo(args.model) if args.command == "demo" else chat(args.model)

@@ -493,6 +493,16 @@ _LONG_WORDS = (
     "goat cow"
 ).split()
 
+# The demo's embedded default model (``python -m vllm_inline demo``): a Llama-3 model whose
+# chat answer explains the package, one added token per word (no word repeats, so each token has
+# one successor).
+_DEMO_ANSWER = (
+    "vllm-inline runs vLLM inside your LangChain or LlamaIndex process, with no HTTP hop. "
+    "This answer streams one token at a time from the tiny scripted model built on this "
+    "machine: nothing was downloaded. Set MODEL to any hub id (or local path) for real weights."
+)
+_DEMO_WORDS = _DEMO_ANSWER.split(" ")
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -510,6 +520,19 @@ SCENARIOS: dict[str, Scenario] = {
             generation_defaults=(("do_sample", True), ("temperature", 0.6), ("top_p", 0.9)),
             completion_prompt=_ONCE,
             completion=_completion("llama3", "<|end_of_text|>"),
+        ),
+        Scenario(
+            name="demo",
+            family="llama3",
+            chat=_chain(
+                "llama3", _DEMO_WORDS[0], *(" " + w for w in _DEMO_WORDS[1:]),
+                "<|eot_id|>", "\nUser:", " hallucinated", " turn",
+                stop="<|eot_id|>",
+            ),
+            tokenizer_eos="<|end_of_text|>",
+            eos_tokens=("<|end_of_text|>", "<|eot_id|>"),
+            chat_template=_LLAMA3_TEMPLATE,
+            generation_defaults=(("do_sample", True), ("temperature", 0.6), ("top_p", 0.9)),
         ),
         Scenario(
             name="chatml",

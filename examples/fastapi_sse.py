@@ -1,0 +1,73 @@
+"""A FastAPI endpoint streaming Server-Sent Events from ``ChatVLLM.astream``, in one process.
+
+    python examples/fastapi_sse.py [--model M] [--port 8000]
+    curl -N 'http://127.0.0.1:8000/chat?q=Hello'
+
+or ``MODEL=<hub id or path> uvicorn examples.fastapi_sse:app``. The engine lives in the server
+process: run one worker per engine (``--workers 1``; every worker process loads its own copy of
+the model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+
+from vllm_inline.cli import engine_kwargs_for, resolve_model
+from vllm_inline.integrations.langchain import ChatVLLM
+
+
+def sse(data: str, event: str | None = None) -> str:
+    """One Server-Sent Event; a text with newlines becomes several ``data:`` lines."""
+    head = f"event: {event}\n" if event else ""
+    return head + "".join(f"data: {line}\n" for line in data.split("\n")) + "\n"
+
+
+def create_app(model: str | None = None) -> FastAPI:
+    llm = ChatVLLM(model=resolve_model(model), vllm_kwargs=engine_kwargs_for(model), max_tokens=256)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Start the engine with the server (it would otherwise start on the first request);
+        # in a thread, so the event loop keeps running while the model loads.
+        await asyncio.to_thread(llm.engine.start)
+        yield
+        await asyncio.to_thread(llm.engine.shutdown)
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.get("/chat")
+    async def chat(q: str) -> StreamingResponse:
+        async def events() -> AsyncIterator[str]:
+            async for chunk in llm.astream(q):
+                if chunk.text:
+                    yield sse(chunk.text)
+                if chunk.usage_metadata:
+                    finish = chunk.response_metadata.get("finish_reason")
+                    yield sse(json.dumps({**chunk.usage_metadata, "finish_reason": finish}), "usage")
+            yield sse("[DONE]", "done")
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+app = create_app(os.environ.get("MODEL") or None)
+
+
+if __name__ == "__main__":
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="hub id or local path (default: embedded demo model)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args()
+    uvicorn.run(create_app(args.model) if args.model else app, host=args.host, port=args.port)

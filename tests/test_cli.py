@@ -1,0 +1,62 @@
+"""``python -m vllm_inline demo|chat`` end to end, each in its own process on the embedded model."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_inline.scripted import SCENARIOS
+
+pytestmark = pytest.mark.engine
+
+ANSWER = SCENARIOS["demo"].answer
+SUMMARY = re.compile(
+    r"\[finish_reason=stop prompt_tokens=\d+ completion_tokens=(\d+) time_to_first_token=\d+ ms\]"
+)
+
+
+def run_cli(args: list[str], tmp_path: Path, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "VLLM_INLINE_CACHE": str(tmp_path)}  # build the demo model here
+    env.pop("MODEL", None)
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_inline", *args],
+        input=stdin, capture_output=True, text=True, env=env, timeout=300,
+    )
+
+
+def test_demo_streams_through_engine_langchain_and_llama_index(tmp_path: Path) -> None:
+    result = run_cli(["demo"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    for header in ("== vllm_inline.engine:", "== LangChain:", "== LlamaIndex:"):
+        assert out.count(header) == 1, out
+    parts = out.split("\n== ")[1:]
+    assert len(parts) == 3
+    for part in parts:
+        lines = part.splitlines()
+        assert ANSWER in lines, part
+        match = SUMMARY.fullmatch(lines[lines.index(ANSWER) + 1])
+        assert match, part
+        assert int(match[1]) == len(SCENARIOS["demo"].script[: SCENARIOS["demo"].script.index("<|eot_id|>") + 1])
+    assert "hallucinated" not in out  # the invented turn after <|eot_id|> never shows
+    assert "Starting vLLM" in result.stderr  # the progress line
+
+
+def test_chat_answers_a_line_from_stdin(tmp_path: Path) -> None:
+    result = run_cli(["chat"], tmp_path, stdin="Hello!\n")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "you> assistant> " + ANSWER + "\n" in result.stdout
+    assert SUMMARY.search(result.stdout)
+
+
+def test_help_lists_both_commands() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "vllm_inline", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0
+    assert "demo" in result.stdout and "chat" in result.stdout

@@ -1,0 +1,145 @@
+"""The examples under ``examples/`` run on scripted models, on the session's shared engines.
+
+Each example's ``main()`` is imported and called with a scripted model's path; the examples
+pick the same engine options for it (``vllm_inline.cli.engine_kwargs_for``) as the fixtures, so
+they share the engines the rest of the suite starts. The FastAPI example is served by uvicorn
+on 127.0.0.1 in a thread and read with an HTTP client over a real socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from vllm_inline.cli import engine_kwargs_for
+
+pytestmark = pytest.mark.engine
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def load(name: str) -> ModuleType:
+    """Import ``examples/<name>.py`` as a module (``examples/`` is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(s: Any, name: str) -> tuple[Any, str]:
+    """``examples/<name>.py``'s ``main(s.path)`` and what it printed.
+
+    The engine starts first, outside the redirect: vLLM binds its log handler to the
+    ``sys.stdout`` of the moment it is imported, which must outlive this test.
+    """
+    s.engine.start()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        result = load(name).main(s.path)
+    return result, out.getvalue()
+
+
+def test_examples_share_the_suites_engines(scripted: Any) -> None:
+    s = scripted("demo")
+    assert engine_kwargs_for(s.path) == s.engine_kwargs
+
+
+def test_lcel_chain_streams_to_stdout(scripted: Any) -> None:
+    s = scripted("demo")
+    answer, out = run(s, "lcel_stream")
+    assert answer == s.scenario.answer
+    assert out == s.scenario.answer + "\n"
+
+
+def test_agent_calls_its_tool_and_answers(scripted: Any) -> None:
+    s = scripted("chatml_tools")
+    messages, out = run(s, "langchain_agent")
+    assert [type(m).__name__ for m in messages] == ["HumanMessage", "AIMessage", "ToolMessage", "AIMessage"]
+    assert messages[1].tool_calls[0]["name"] == "get_weather"
+    assert messages[1].tool_calls[0]["args"] == {"city": "Oslo"}
+    assert messages[2].content == "It is sunny in Oslo."
+    assert messages[-1].content == "The weather in Oslo is sunny."
+    assert "get_weather" in out and "The weather in Oslo is sunny." in out
+
+
+def test_rag_query_engine_streams_its_answer(scripted: Any) -> None:
+    s = scripted("demo")
+    response, out = run(s, "llama_index_rag")
+    assert out.startswith(s.scenario.answer + "\n")
+    assert any("Streaming" in n.get_content() for n in response.source_nodes)
+    assert "[source] Streaming" in out
+
+
+def test_sse_event_format() -> None:
+    sse = load("fastapi_sse").sse
+    assert sse(" answer") == "data:  answer\n\n"
+    assert sse("a\nb", "x") == "event: x\ndata: a\ndata: b\n\n"
+
+
+def _events(lines: list[str]) -> list[tuple[str, str]]:
+    """SSE lines -> ``(event, data)`` pairs (one space after ``data:`` is dropped)."""
+    events, event, data = [], "message", []
+    for line in lines:
+        if not line:
+            if data:
+                events.append((event, "\n".join(data)))
+            event, data = "message", []
+        elif line.startswith("event:"):
+            event = line[len("event:"):].strip()
+        elif line.startswith("data:"):
+            value = line[len("data:"):]
+            data.append(value[1:] if value.startswith(" ") else value)
+    return events
+
+
+def test_fastapi_endpoint_streams_sse_over_a_real_socket(scripted: Any) -> None:
+    import httpx
+    import uvicorn
+
+    s = scripted("demo")
+    app = load("fastapi_sse").create_app(s.path)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120  # the lifespan starts the engine (if not yet running)
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.1)
+        lines = []
+        with httpx.stream(
+            "GET", f"http://127.0.0.1:{port}/chat", params={"q": "What does vllm-inline do?"},
+            timeout=60,
+        ) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            lines = list(response.iter_lines())
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+        sock.close()
+    events = _events(lines)
+    texts = [data for event, data in events if event == "message"]
+    assert len(texts) > 1
+    assert "".join(texts) == s.scenario.answer
+    usage = json.loads(next(data for event, data in events if event == "usage"))
+    assert usage["finish_reason"] == "stop"
+    assert usage["output_tokens"] == len(texts) + 1  # each word, then <|eot_id|>
+    assert events[-1] == ("done", "[DONE]")
+    assert not thread.is_alive()
