@@ -214,7 +214,7 @@ def _as_bad_request(e: Exception) -> BadRequestError:
         parameter = "structured_outputs"
     if "maximum context length" in message or parameter in ("input_tokens", "input_text"):
         return ContextLengthExceededError(
-            f"{message} Shorten the conversation, or start the engine with a larger "
+            f"messages are too long for the context window: {message} Shorten the conversation, or start the engine with a larger "
             "max_model_len (vllm_kwargs).",
             parameter="messages",
             value=value,
