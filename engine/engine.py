@@ -48,6 +48,7 @@ logger = logging.getLogger("vllm_inline")
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _request_ids = itertools.count()
+_SHUTDOWN_TIMEOUT_S = 3.0
 
 
 @dataclass
@@ -203,7 +204,9 @@ class Engine:
                 task.cancel()
             if running.tasks:
                 await asyncio.wait(list(running.tasks), timeout=5)
-            running.llm.shutdown()
+            # vLLM waits 5 s for the engine-core process by default and then kills it anyway
+            # (its worker has exited by then); 3 s lets a script end sooner.
+            running.llm.shutdown(timeout=_SHUTDOWN_TIMEOUT_S)
 
         try:
             running.loop.submit(close()).result(timeout=30)

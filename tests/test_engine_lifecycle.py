@@ -48,10 +48,14 @@ def test_constructing_an_engine_starts_nothing(scripted):
 
 def _engine_processes() -> list[psutil.Process]:
     """Child processes, less multiprocessing's resource tracker (it lives as long as we do)."""
-    return [
-        p for p in psutil.Process().children(recursive=True)
-        if "resource_tracker" not in " ".join(p.cmdline())
-    ]
+    alive = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline()):
+                alive.append(p)
+        except psutil.Error:  # gone (or a zombie) while we looked
+            pass
+    return alive
 
 
 @pytest.fixture(scope="module")
