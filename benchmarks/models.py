@@ -58,7 +58,7 @@ def build_model(spec: ModelSpec, root: pathlib.Path | None = None) -> pathlib.Pa
 
     source = build_scripted_model("llama3")
     digest = hashlib.sha256(
-        json.dumps([asdict(spec), source.name, 1], sort_keys=True).encode()
+        json.dumps([asdict(spec), source.name, 2], sort_keys=True).encode()
     ).hexdigest()[:12]
     root = root or default_root()
     target = root / f"{spec.name}-{digest}"
@@ -109,10 +109,9 @@ def _write(spec: ModelSpec, source: pathlib.Path, out: pathlib.Path) -> None:
         })
     tensors["model.norm.weight"] = np.ones(h, np.float32)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    # The scripted model's config (token ids, rope, dtype, ...) with this model's sizes.
     config = {
-        **{k: src_config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")},
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        **src_config,
         "vocab_size": vocab,
         "hidden_size": h,
         "intermediate_size": i,
@@ -120,16 +119,6 @@ def _write(spec: ModelSpec, source: pathlib.Path, out: pathlib.Path) -> None:
         "num_attention_heads": spec.heads,
         "num_key_value_heads": spec.heads,
         "head_dim": _HEAD_DIM,
-        "hidden_act": "silu",
-        "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 1e6,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_word_embeddings": False,
-        "torch_dtype": "float32",
-        "dtype": "float32",
     }
     # No sampling defaults: every path then samples with exactly the values the benchmark sends.
     generation = {k: src_generation[k] for k in ("bos_token_id", "eos_token_id") if k in src_generation}
