@@ -44,6 +44,8 @@ class LoopThread:
             weakref.WeakKeyDictionary()
         )
         self._handoffs_lock = threading.Lock()
+        self.sync_handoff = _Handoff(self.loop, None)
+        """The handoff of items from this loop to synchronous consumers (their own threads)."""
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -102,21 +104,28 @@ def _start_pump(
 
 
 class _Handoff:
-    """Items bound for one caller event loop from one engine loop, handed over in batches.
+    """Items bound for one caller event loop (or for sync consumers) from one engine loop.
 
     All streams between the two loops share one handoff. An engine step makes every stream's
     pump ready in the same pass of the engine loop; their items are queued here and the caller
     loop is woken once, from a callback that runs after that pass (one ``call_soon_threadsafe``,
     one self-pipe write and one thread switch per step instead of one per stream). ``put`` and
     ``_wake`` run on the engine loop, ``_flush`` on the caller loop; they share only the deque.
+
+    With no caller loop (``caller=None``) the consumers are threads blocked on their own
+    queues: the batch is delivered at the same point, on the engine loop, so no consumer thread
+    wakes up (and asks for the GIL) while the engine thread is still turning that step's outputs
+    into deltas for the other streams.
     """
 
     __slots__ = ("__weakref__", "_caller", "_engine", "_pending", "_armed")
 
-    def __init__(self, engine: asyncio.AbstractEventLoop, caller: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, engine: asyncio.AbstractEventLoop, caller: asyncio.AbstractEventLoop | None
+    ) -> None:
         self._engine = engine
         # Weak: the handoff is the value of a WeakKeyDictionary keyed by the caller loop.
-        self._caller = weakref.ref(caller)
+        self._caller = weakref.ref(caller) if caller is not None else None
         self._pending: collections.deque[tuple[Callable[[Any], None], Any]] = collections.deque()
         self._armed = False
 
@@ -128,6 +137,9 @@ class _Handoff:
 
     def _wake(self) -> None:
         self._armed = False
+        if self._caller is None:
+            self._flush()
+            return
         caller = self._caller()
         try:
             if caller is None:
@@ -168,8 +180,14 @@ async def aiter_on(lt: LoopThread, agen_factory: Callable[[], AsyncIterator[T]])
 
 def iter_on(lt: LoopThread, agen_factory: Callable[[], AsyncIterator[T]]) -> Iterator[T]:
     """Iterate, from a synchronous caller, an async generator that runs on ``lt``."""
+    handoff = lt.sync_handoff
     items: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    pump = _start_pump(lt, agen_factory, items.put)
+    put_item = items.put
+
+    def put(item: Any) -> None:
+        handoff.put(put_item, item)
+
+    pump = _start_pump(lt, agen_factory, put)
     try:
         while True:
             item = items.get()
