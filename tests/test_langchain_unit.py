@@ -8,19 +8,27 @@ import sys
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from langchain_core.messages import (
     AIMessage,
+    AIMessageChunk,
     FunctionMessage,
     HumanMessage,
     SystemMessage,
     ToolMessage,
 )
+from langchain_core.outputs import ChatGenerationChunk
 from pydantic import BaseModel, ValidationError
 
 import vllm_inline.integrations.langchain as lc
 from vllm_inline.engine import BadRequestError, Delta, TokenLogprob, ToolCallDelta, Usage
 from vllm_inline.integrations.langchain import ChatVLLM
-from vllm_inline.integrations.langchain._convert import _convert_message_to_dict, _delta_to_chunk
+from vllm_inline.integrations.langchain._convert import (
+    _convert_message_to_dict,
+    _delta_to_chunk,
+    _delta_to_generation_chunk,
+)
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"  # never started in this module
 
@@ -208,6 +216,38 @@ def test_delta_to_chunk_text_reasoning_and_tools() -> None:
     assert call.tool_call_chunks == [
         {"type": "tool_call_chunk", "name": "f", "args": '{"a"', "id": "c1", "index": 0}
     ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=st.text(),
+    reasoning=st.sampled_from(["", "think"]),
+    finish=st.sampled_from([None, "stop", "length"]),
+    usage=st.sampled_from([None, Usage(prompt_tokens=5, completion_tokens=3)]),
+)
+def test_generation_chunk_fast_path_equals_the_validated_chunk(
+    text: str, reasoning: str, finish: str | None, usage: Usage | None
+) -> None:
+    """Plain-text deltas skip pydantic validation; the result must be the very same chunk."""
+    delta = Delta(text=text, reasoning=reasoning, finish_reason=finish, usage=usage)
+    fast = _delta_to_generation_chunk(delta, "m")
+    validated = ChatGenerationChunk(message=_delta_to_chunk(delta, "m"))
+    assert fast == validated
+    assert type(fast.message) is AIMessageChunk
+    assert fast.message.model_dump() == validated.message.model_dump()
+    assert fast.text == validated.text == text
+    assert (fast + fast).message == (validated + validated).message
+
+
+def test_generation_chunk_fast_path_hands_out_fresh_containers() -> None:
+    first = _delta_to_generation_chunk(Delta(text="a"), "m")
+    first.message.additional_kwargs["x"] = 1
+    first.message.response_metadata["y"] = 2
+    first.message.tool_call_chunks.append({"name": "f", "args": "", "id": "1", "index": 0})
+    second = _delta_to_generation_chunk(Delta(text="b"), "m")
+    assert second.message.additional_kwargs == {}
+    assert second.message.response_metadata == {}
+    assert second.message.tool_call_chunks == [] and second.message.tool_calls == []
 
 
 def test_last_delta_carries_usage_and_metadata() -> None:

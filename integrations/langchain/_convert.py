@@ -2,7 +2,8 @@
 
 ``_convert_message_to_dict`` turns a LangChain message into the OpenAI-style dict the engine
 takes; ``_delta_to_chunk`` turns one engine :class:`~vllm_inline.engine.Delta` into one
-``AIMessageChunk``. Both are shared by the sync and async streams of ``ChatVLLM`` and import
+``AIMessageChunk`` and ``_delta_to_generation_chunk`` into the ``ChatGenerationChunk`` a
+stream yields. They are shared by the sync and async streams of ``ChatVLLM`` and import
 neither vLLM nor torch.
 """
 
@@ -23,12 +24,14 @@ from langchain_core.messages import (
 )
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.tool import ToolCallChunk, tool_call_chunk
+from langchain_core.outputs import ChatGenerationChunk
 
 from vllm_inline.engine import BadRequestError, Delta, TokenLogprob, ToolCallDelta, Usage
 
 __all__ = [
     "_convert_message_to_dict",
     "_delta_to_chunk",
+    "_delta_to_generation_chunk",
     "_logprobs_to_dict",
     "_usage_to_metadata",
 ]
@@ -176,3 +179,36 @@ def _delta_to_chunk(delta: Delta, model_name: str) -> AIMessageChunk:
         usage_metadata=_usage_to_metadata(delta.usage) if delta.usage is not None else None,
         chunk_position="last" if last else None,
     )
+
+
+# Plain-text deltas (nearly all of them) take a fast path, written by hand because LangChain has
+# none: pydantic validation of each AIMessageChunk and ChatGenerationChunk was the largest
+# per-token cost of ChatVLLM's stream (see docs/performance.md). A copy of a validated empty chunk
+# with the text swapped in (pydantic's ``model_copy(update=...)``, no validation) is equal to the
+# validated chunk (tests/test_langchain_unit.py checks it) and costs about a sixth.
+_EMPTY_MESSAGE = AIMessageChunk(content="")
+_EMPTY_GENERATION = ChatGenerationChunk(message=_EMPTY_MESSAGE)
+
+
+def _delta_to_generation_chunk(delta: Delta, model_name: str) -> ChatGenerationChunk:
+    """One engine delta as the ``ChatGenerationChunk`` of a stream (see ``_delta_to_chunk``)."""
+    if (
+        delta.reasoning
+        or delta.tool_calls
+        or delta.logprobs is not None
+        or delta.finish_reason is not None
+        or delta.usage is not None
+    ):
+        return ChatGenerationChunk(message=_delta_to_chunk(delta, model_name))
+    message = _EMPTY_MESSAGE.model_copy(
+        update={
+            "content": delta.text,
+            # Fresh containers: a copy is shallow and callers may mutate what they get.
+            "additional_kwargs": {},
+            "response_metadata": {},
+            "tool_calls": [],
+            "invalid_tool_calls": [],
+            "tool_call_chunks": [],
+        }
+    )
+    return _EMPTY_GENERATION.model_copy(update={"message": message, "text": delta.text})

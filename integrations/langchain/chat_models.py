@@ -37,7 +37,7 @@ from typing_extensions import Self
 from vllm_inline.engine import BadRequestError, Engine, get_engine
 from vllm_inline.engine.sampling import check_sampling
 
-from ._convert import _convert_message_to_dict, _delta_to_chunk
+from ._convert import _convert_message_to_dict, _delta_to_generation_chunk
 
 __all__ = ["ChatVLLM"]
 
@@ -242,7 +242,7 @@ class ChatVLLM(BaseChatModel):
         """The sync stream: ``(choice index, chunk)`` per engine delta, callback fired."""
         engine, model, wire, request = self._prepare(messages, stop, kwargs)
         for delta in engine.stream(wire, **request):
-            chunk = ChatGenerationChunk(message=_delta_to_chunk(delta, model))
+            chunk = _delta_to_generation_chunk(delta, model)
             if run_manager:
                 run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield delta.index, chunk
@@ -257,7 +257,7 @@ class ChatVLLM(BaseChatModel):
         """The async stream: ``(choice index, chunk)`` per engine delta, callback fired."""
         engine, model, wire, request = self._prepare(messages, stop, kwargs)
         async for delta in engine.astream(wire, **request):
-            chunk = ChatGenerationChunk(message=_delta_to_chunk(delta, model))
+            chunk = _delta_to_generation_chunk(delta, model)
             if run_manager:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield delta.index, chunk
