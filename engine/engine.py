@@ -537,9 +537,17 @@ def shutdown_all() -> None:
         engine.shutdown()
 
 
+def _at_exit() -> None:
+    shutdown_all()
+    # Hand the heap the engine froze at start (see _vllm.start_engine) back to the collector,
+    # so the interpreter's last collections free it: native extensions (triton's nanobind
+    # bindings) otherwise report their objects as leaked on the way out.
+    gc.unfreeze()
+
+
 def _register_exit() -> None:
     global _exit_registered
     with _engines_lock:
         if not _exit_registered:
-            atexit.register(shutdown_all)
+            atexit.register(_at_exit)
             _exit_registered = True
