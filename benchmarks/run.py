@@ -1,7 +1,7 @@
 """vllm-inline against raw vLLM and the HTTP path, in one run: ``make bench``.
 
 For each random model (:mod:`models`) the same chat turn is streamed with the same sampling
-values, at each concurrency, twice, on engines started with the same options:
+values, at each concurrency, three times, on engines started with the same options:
 
 1. raw ``AsyncLLM.generate`` (DELTA output), driven on the engine's own event loop: the limit;
 2. ``Engine.astream`` / ``Engine.stream``; 3. ``ChatVLLM.astream`` / ``.stream``;
@@ -12,7 +12,7 @@ One engine at a time (1-4, then the server). Sync paths run one thread per strea
 Prints a table and one ratio line per path; writes ``benchmarks/results/bench.json``,
 ``bench.md`` and ``bench.png``. Progress goes to stderr.
 
-    python benchmarks/run.py                      # the full run (~10 min on 2 cores)
+    python benchmarks/run.py                      # the full run (~17 min on 2 cores)
     make bench BENCH_ARGS="--models tiny --repeats 1"
     python benchmarks/run.py --quick              # a smoke run (tiny model, c=1,8, 1 repeat)
 """
@@ -67,9 +67,9 @@ def log(msg: str) -> None:
 
 
 def rounds_for(concurrency: int) -> int:
-    """Requests per stream, one after the other: 6 at c=1, 2 waves at c>=3 (enough samples
-    for the percentiles, short enough for ``make bench`` to stay under 15 minutes)."""
-    return max(2, 6 // concurrency)
+    """Requests per stream, one after the other: 8 at c=1, 3 waves at c>=3 (2-6 s per run:
+    long enough to average out the engine's step-to-step jitter)."""
+    return max(3, 8 // concurrency)
 
 
 # -- import cost ------------------------------------------------------------------------------
@@ -133,8 +133,11 @@ def phase_inline(spec: ModelSpec, model: str, prompt_ids: list[int], args: argpa
 
     The raw path drives the very ``AsyncLLM`` that vllm-inline started, directly on the event
     loop it is bound to (its own thread): no bridge, no converters, the same engine and options.
-    Within each (repeat, concurrency) block it runs first and last, around the six paths, so
-    load from other processes on the machine weighs on both sides of each ratio alike.
+    Within each (repeat, concurrency) block raw runs before and after every path (raw, p1, raw,
+    p2, ..., raw; the order of the paths rotates from one repeat to the next), and each path's
+    run carries the mean of its two neighbours (``raw_*``): the ratios are taken pairwise, so a
+    machine whose speed drifts by more than the overhead being measured (it does, here) weighs
+    on both sides of each ratio alike.
     """
     from vllm_inline.engine import get_engine
 
@@ -170,16 +173,24 @@ def phase_inline(spec: ModelSpec, model: str, prompt_ids: list[int], args: argpa
         measured = [(name, kind, request) for name, kind, request in paths(spec.tokens)
                     if not args.paths or name in args.paths]
         runs = []
+        raw_reps = len(measured) + 1
         for rep in range(args.repeats):
+            shift = rep % len(measured)
+            order = measured[shift:] + measured[:shift]
             for c in args.concurrency:
-                for i, (name, kind, request) in enumerate([("", "raw", raw), *measured, ("", "raw", raw)]):
-                    if kind == "raw":  # blocks this loop, which has nothing else to do meanwhile
-                        runs.append(on_engine_loop(
-                            measure_async(raw, spec.name, P.PATHS[0], c, 2 * rep + (i > 0), spec.tokens)))
-                    elif kind == "async":
-                        runs.append(await measure_async(request, spec.name, name, c, rep, spec.tokens))
+
+                def raw_run(k: int) -> dict[str, Any]:  # blocks this loop, which is idle meanwhile
+                    return on_engine_loop(
+                        measure_async(raw, spec.name, P.PATHS[0], c, rep * raw_reps + k, spec.tokens))
+
+                block = [raw_run(0)]
+                for k, (name, kind, request) in enumerate(order, start=1):
+                    if kind == "async":
+                        block.append(await measure_async(request, spec.name, name, c, rep, spec.tokens))
                     else:
-                        runs.append(measure_sync(request, spec.name, name, c, rep, spec.tokens))
+                        block.append(measure_sync(request, spec.name, name, c, rep, spec.tokens))
+                    block.append(raw_run(k))
+                runs += report.pair_with_raw(block)
         return runs
 
     try:
@@ -274,7 +285,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(SPECS), help="comma-separated: " + ", ".join(SPECS))
     ap.add_argument("--concurrency", default="1,8,32")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=None, help="override tokens per request")
     ap.add_argument("--paths", default="", help="only these in-process paths (comma-separated)")
     ap.add_argument("--no-http", action="store_true")
@@ -319,8 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = []
     for name in args.models:
         lines += [f"\n== {name}: {models[name]['layers']} layers, hidden {models[name]['hidden']}, "
-                  f"{models[name]['tokens_per_request']} tokens/request; mean of {args.repeats} "
-                  "runs, ± half the spread ==", report.text_table(agg, name)]
+                  f"{models[name]['tokens_per_request']} tokens/request; mean over the "
+                  "runs (raw: before and after every path), ± half the spread ==", report.text_table(agg, name)]
     lines.append("\n== import cost ==")
     lines += [f"{i['module']}: {i['import_ms']:.0f} ms; torch/vllm imported: {', '.join(i['heavy']) or 'no'}"
               for i in imports]
