@@ -46,6 +46,16 @@ class TestChatVLLMUnit(ChatModelUnitTests):
     def supports_model_override(self) -> bool:
         return True
 
+    @pytest.mark.xfail(
+        reason="langchain-core's load(allowed_objects='all') admits only the classes in its own "
+        "mapping of partner packages; ChatVLLM round-trips with allowed_objects=[ChatVLLM] "
+        "(tests/test_langchain_unit.py)",
+        raises=ValueError,
+        strict=True,
+    )
+    def test_serdes(self, model: Any, snapshot: Any) -> None:
+        super().test_serdes(model, snapshot)
+
 
 # Why some standard tests cannot pass on a scripted model. Its only wish is its script (a
 # get_weather(city="Oslo") call, then "The weather in Oslo is sunny."); everything else is a tie

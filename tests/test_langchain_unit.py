@@ -278,3 +278,19 @@ def test_last_delta_carries_usage_and_metadata() -> None:
             ]
         },
     }
+
+
+def test_serializes_and_loads_back() -> None:
+    """``dumpd``/``load`` round-trip; the loaded model shares the original's engine."""
+    from langchain_core.load import dumpd, dumps, load, loads
+
+    chat = ChatVLLM(model=MODEL, vllm_kwargs={"dtype": "float32"}, temperature=0.1, stop=["x"])
+    data = dumpd(chat)
+    assert data["id"] == ["vllm_inline", "integrations", "langchain", "ChatVLLM"]
+    assert data["kwargs"] == {
+        "model": MODEL, "vllm_kwargs": {"dtype": "float32"}, "temperature": 0.1, "stop": ["x"]
+    }
+    kwargs = {"valid_namespaces": ["vllm_inline"], "allowed_objects": [ChatVLLM]}
+    for loaded in (load(data, **kwargs), loads(dumps(chat), **kwargs)):
+        assert isinstance(loaded, ChatVLLM) and loaded == chat
+        assert loaded.engine is chat.engine

@@ -159,6 +159,16 @@ class ChatVLLM(BaseChatModel):
 
     # -- identity ------------------------------------------------------------------------
 
+    @classmethod
+    def is_lc_serializable(cls) -> bool:
+        """``dumpd``/``load`` round-trip a ``ChatVLLM`` (its fields hold no secrets)."""
+        return True
+
+    @classmethod
+    def get_lc_namespace(cls) -> list[str]:
+        """The import path ``load`` finds the class under."""
+        return ["vllm_inline", "integrations", "langchain"]
+
     @property
     def _llm_type(self) -> str:
         return "vllm-inline"
