@@ -5,7 +5,8 @@ Two measurements on the tiny benchmark model at one concurrency (default 32), ea
 
 * ``split``: raw ``AsyncLLM``, ``Engine.astream``, ``ChatVLLM._astream`` (vllm-inline's chunk
   converter alone) and ``ChatVLLM.astream`` (with LangChain's ``BaseChatModel.astream``), so the
-  differences give the engine+bridge, converter and LangChain wrapper shares;
+  differences give the engine+bridge, converter and LangChain wrapper shares, each also split by
+  thread (engine loop, caller, vLLM's renderer pool; Linux ``/proc``);
 * ``gc``: ``ChatVLLM.astream`` with the start-up heap frozen (what the engine does) and unfrozen,
   with the garbage collector's collections per generation and their total pause time.
 
@@ -32,6 +33,28 @@ import paths as P  # noqa: E402
 from measure import Record  # noqa: E402
 from models import SPECS, build_model  # noqa: E402
 from run import ENGINE_OPTIONS, _prompt_ids  # noqa: E402
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds so far of this process's live threads, summed by role (Linux only)."""
+    import threading
+
+    roles = {}
+    for t in threading.enumerate():
+        name = t.name
+        role = ("engine loop" if name.startswith("vllm-inline:") else "caller" if t is threading.main_thread()
+                else "renderer pool" if name.startswith("ThreadPoolExecutor") else "other")
+        roles[t.native_id] = role
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for tid, role in roles.items():
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 class GcTimer:
@@ -88,13 +111,20 @@ def main() -> None:
     }
     timer = GcTimer()
 
+    roles = ("engine loop", "caller", "renderer pool")
+    by_thread: dict[str, list[dict[str, float]]] = {name: [] for name in requests}
+
     def run(name: str) -> tuple[float, float]:
+        threads0 = thread_cpu()
         t0, cpu0 = time.perf_counter(), time.process_time()
         if name == "raw AsyncLLM":
             running.loop.submit(P.run_async_load(raw, c, rounds)).result()
         else:
             asyncio.run(P.run_async_load(requests[name], c, rounds))
         n = c * rounds * tokens
+        threads1 = thread_cpu()
+        by_thread[name].append(
+            {r: (threads1.get(r, 0.0) - threads0.get(r, 0.0)) * 1e6 / n for r in roles})
         return n / (time.perf_counter() - t0), (time.process_time() - cpu0) * 1e6 / n
 
     for name in requests:  # warm-up
@@ -111,7 +141,10 @@ def main() -> None:
         for name, runs in results.items():
             tps = statistics.median(r[0] for r in runs)
             cpu = statistics.median(r[1] for r in runs)
-            print(f"{name:<20} {tps:7.0f} tok/s  client CPU {cpu:6.1f} us/token ({cpu - base:+.1f})")
+            split = "  ".join(
+                f"{r} {statistics.median(t[r] for t in by_thread[name]):5.1f}" for r in roles)
+            print(f"{name:<20} {tps:7.0f} tok/s  client CPU {cpu:6.1f} us/token ({cpu - base:+.1f})"
+                  f"  by thread: {split}")
 
     if args.only in (None, "gc"):
         gc_runs: dict[bool, list[tuple[float, float, float, list[int]]]] = {True: [], False: []}
