@@ -199,6 +199,8 @@ def test_chatvllm_field_call_and_bind(lora_setup):
     assert base.invoke("Hi").content == BASE
     assert paris.invoke("Hi").content == PARIS
     assert paris.invoke("Hi", lora=adapters["hello"]).content == HELLO
+    assert paris.invoke("Hi", lora=None).content == BASE  # a call's None: the base model
+    assert paris.bind(lora=None).invoke("Hi").content == BASE
     chunks = [c.content for c in paris.stream("Hi")]
     assert "".join(chunks) == PARIS and len([c for c in chunks if c]) > 1
     chain = ChatPromptTemplate.from_messages([("user", "{q}")]) | base.bind(
@@ -238,6 +240,8 @@ def test_llama_index_field_and_call(lora_setup):
     assert base.chat(msgs).message.content == BASE
     assert paris.chat(msgs).message.content == PARIS
     assert paris.complete("Hi").text == PARIS
+    assert paris.chat(msgs, lora=None).message.content == BASE  # a call's None: the base model
+    assert paris.complete("Hi", lora=None).text == BASE
     assert base.chat(msgs, lora=adapters["hello"]).message.content == HELLO
     deltas = [r.delta for r in base.stream_chat(msgs, lora=adapters["hello"])]
     assert "".join(d or "" for d in deltas) == HELLO and len([d for d in deltas if d]) > 1

@@ -138,7 +138,7 @@ class ChatVLLM(BaseChatModel):
     lora: str | tuple[str, str] | dict[str, str] | None = None
     """LoRA adapter for every call: a local PEFT adapter directory, a ``(name, path)`` pair, or
     the name of an adapter the engine has seen; a call's ``lora=`` (or ``.bind(lora=...)``)
-    replaces it. Needs ``vllm_kwargs={"enable_lora": True, "max_lora_rank": ...}``. Default
+    replaces it, and a call's ``lora=None`` uses the base model. Needs ``vllm_kwargs={"enable_lora": True, "max_lora_rank": ...}``. Default
     ``None``: the base model."""
 
     extra_sampling: dict[str, Any] = Field(default_factory=dict)

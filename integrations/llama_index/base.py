@@ -113,7 +113,8 @@ class VLLM(FunctionCallingLLM):
     lora: str | tuple[str, str] | dict[str, str] | None = Field(
         default=None,
         description="LoRA adapter for every call: a local PEFT adapter directory, a (name, path) "
-        "pair, or the name of an adapter the engine has seen; a call's lora=... replaces it. "
+        "pair, or the name of an adapter the engine has seen; a call's lora=... replaces it "
+        "(lora=None: the base model). "
         "Needs vllm_kwargs={'enable_lora': True, 'max_lora_rank': ...}. Default: None (base model).",
     )
     additional_kwargs: dict[str, Any] = Field(
@@ -230,6 +231,8 @@ class VLLM(FunctionCallingLLM):
             options,
             sampling,
         )
+        if "lora" in options and options["lora"] is None:
+            request.pop("lora", None)  # a call's lora=None: the base model, whatever the field
         if prompt is not None:
             if not isinstance(prompt, str):
                 raise BadRequestError.invalid("prompt", prompt, "a string")
