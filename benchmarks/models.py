@@ -47,7 +47,7 @@ SPECS: dict[str, ModelSpec] = {
 
 
 def default_root() -> pathlib.Path:
-    base = os.environ.get("VLLM_INLINE_CACHE")
+    base = os.environ.get("VLLMINLINE_CACHE")
     root = pathlib.Path(base).expanduser() if base else pathlib.Path.home() / ".cache" / "vllm_inline"
     return root / "bench"
 

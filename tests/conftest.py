@@ -43,7 +43,7 @@ class Scripted:
 
 @pytest.fixture(scope="session")
 def scripted_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = os.environ.get("VLLM_INLINE_TEST_MODELS")
+    root = os.environ.get("VLLMINLINE_TEST_MODELS")
     return Path(root) if root else tmp_path_factory.mktemp("scripted-models")
 
 

@@ -21,7 +21,7 @@ SUMMARY = re.compile(
 
 
 def run_cli(args: list[str], tmp_path: Path, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "VLLM_INLINE_CACHE": str(tmp_path)}  # build the demo model here
+    env = {**os.environ, "VLLMINLINE_CACHE": str(tmp_path)}  # build the demo model here
     env.pop("MODEL", None)
     return subprocess.run(
         [sys.executable, "-m", "vllm_inline", *args],

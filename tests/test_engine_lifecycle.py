@@ -40,6 +40,25 @@ def test_importing_the_package_loads_neither_torch_nor_vllm():
     assert out.stdout.strip() == ""
 
 
+def test_our_environment_variables_pass_vllms_strict_check(monkeypatch, tmp_path):
+    """vLLM warns about (or, with ``fail_on_environ_validation``, refuses) unknown ``VLLM_*``
+    variables: every variable the package, tests and benchmarks read must pass its check."""
+    import re
+    from pathlib import Path
+
+    from vllm.platforms import current_platform
+
+    root = Path(__file__).resolve().parent.parent
+    sources = [p for d in ("engine", "integrations", "vllm_inline", "tests", "benchmarks")
+               for p in (root / d).rglob("*.py")]
+    read = re.compile(r"""os\.environ(?:\.get\(|\[)\s*["']([A-Z0-9_]+)["']""")
+    names = {n for p in sources for n in read.findall(p.read_text())}
+    assert "VLLMINLINE_CACHE" in names  # the scan finds what it should
+    for name in names:
+        monkeypatch.setenv(name, str(tmp_path))
+    current_platform.validate_environ(hard_fail=True)
+
+
 def test_constructing_an_engine_starts_nothing(scripted):
     s = scripted("chatml")
     engine = get_engine(s.path, **{**s.engine_kwargs, "seed": 12345})

@@ -679,8 +679,12 @@ _CORPUS = (
 
 
 def default_root() -> pathlib.Path:
-    """``$VLLM_INLINE_CACHE/scripted``, else ``~/.cache/vllm_inline/scripted``."""
-    base = os.environ.get("VLLM_INLINE_CACHE")
+    """``$VLLMINLINE_CACHE/scripted``, else ``~/.cache/vllm_inline/scripted``.
+
+    Not ``VLLM_INLINE_...``: vLLM warns about every unknown ``VLLM_*`` variable at engine start
+    (and refuses to start with ``fail_on_environ_validation=True``).
+    """
+    base = os.environ.get("VLLMINLINE_CACHE")
     if base:
         return pathlib.Path(base).expanduser() / "scripted"
     return pathlib.Path.home() / ".cache" / "vllm_inline" / "scripted"
