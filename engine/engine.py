@@ -309,6 +309,68 @@ class Engine:
 
         return embed(self, texts, truncate=truncate, normalize=normalize, batch_size=batch_size)
 
+    async def aprompt_token_ids(
+        self,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        prompt: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """The token ids :meth:`astream` would prefill for ``messages`` (or ``prompt``).
+
+        The same rendering as a request: the model's chat template (or ``chat_template``) with
+        ``tools`` and ``chat_template_kwargs``, generation prompt included, through vLLM's
+        renderer. ``len(...)`` is the exact prompt size, e.g. to check it against
+        :attr:`max_model_len` or to trim a conversation. Starts the engine.
+        """
+        request = self._render_request(messages, prompt, tools, chat_template, chat_template_kwargs)
+        running = await self._astarted()
+        return await asyncio.wrap_future(running.loop.submit(self._prompt_ids(running, request)))
+
+    def prompt_token_ids(
+        self,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        prompt: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """The synchronous form of :meth:`aprompt_token_ids` (same arguments, same ids)."""
+        request = self._render_request(messages, prompt, tools, chat_template, chat_template_kwargs)
+        running = self._started()
+        if running.loop.in_loop_thread:
+            raise RuntimeError(
+                "Engine.prompt_token_ids() was called on the engine's own loop thread, where it "
+                "would wait for itself: await engine.aprompt_token_ids(...) there instead."
+            )
+        return running.loop.submit(self._prompt_ids(running, request)).result()
+
+    def _render_request(
+        self,
+        messages: Any,
+        prompt: str | None,
+        tools: Any,
+        chat_template: str | None,
+        chat_template_kwargs: Mapping[str, Any] | None,
+    ) -> _Request:
+        return self._request(
+            messages,
+            {
+                "prompt": prompt,
+                "tools": tools,
+                "chat_template": chat_template,
+                "chat_template_kwargs": chat_template_kwargs,
+            },
+        )
+
+    async def _prompt_ids(self, running: _Running, request: _Request) -> list[int]:
+        from . import _vllm
+
+        return list((await self._render(running, request, _vllm))["prompt_token_ids"])
+
     def _request(self, messages: Any, kwargs: dict[str, Any]) -> _Request:
         """Validate everything that needs no engine, so bad input fails before any work."""
         prompt = kwargs.pop("prompt", None)

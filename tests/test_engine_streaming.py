@@ -121,6 +121,29 @@ def test_multi_turn_renders_through_the_model_template(scripted):
     assert deltas[-1].usage.prompt_tokens == len(tok.encode(rendered, add_special_tokens=False))
 
 
+async def test_prompt_token_ids_are_what_a_request_prefills(scripted):
+    from vllm_inline.engine import BadRequestError
+
+    s = scripted("chatml")
+    engine = s.engine
+    messages = [{"role": "system", "content": "Be brief."}, *USER]
+    ids = engine.prompt_token_ids(messages)
+    tok = engine.tokenizer
+    rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert ids == tok.encode(rendered, add_special_tokens=False)
+    assert await engine.aprompt_token_ids(messages) == ids
+    deltas = list(engine.stream(messages))
+    assert deltas[-1].usage.prompt_tokens == len(ids)
+    # The same rendering options as a request: an override template, a pre-formatted prompt.
+    assert engine.prompt_token_ids(messages, chat_template="{{ messages[-1]['content'] }}") == (
+        tok.encode(USER[0]["content"], add_special_tokens=False)
+    )
+    assert engine.prompt_token_ids(prompt="Hello") == tok.encode("Hello")
+    with pytest.raises(BadRequestError) as info:
+        engine.prompt_token_ids([])
+    assert info.value.parameter == "messages"
+
+
 def test_preformatted_prompt_is_sent_as_is(scripted):
     s = scripted("llama3")
     deltas = list(s.engine.stream(prompt=s.scenario.completion_prompt))

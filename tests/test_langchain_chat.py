@@ -149,6 +149,48 @@ def test_multi_turn_with_system_and_text_blocks(scripted: Any) -> None:
     assert message.usage_metadata["input_tokens"] == prompt_tokens(s, wire)
 
 
+# -- token counts ----------------------------------------------------------------------------
+
+
+def test_token_counts_are_the_prompt_a_call_sends(scripted: Any) -> None:
+    s = scripted("llama3")
+    chat = chat_for(s)
+    messages = [SystemMessage("You are terse."), HumanMessage("Hi"), AIMessage("Hello."),
+                HumanMessage(QUESTION)]
+    counted = chat.get_num_tokens_from_messages(messages)
+    assert counted == chat.invoke(messages).usage_metadata["input_tokens"]
+    text = "The capital of France is Paris."
+    assert chat.get_token_ids(text) == s.engine.tokenizer.encode(text, add_special_tokens=False)
+    assert chat.get_num_tokens(text) == len(chat.get_token_ids(text))
+
+
+def test_token_counts_include_the_bound_tools(scripted: Any) -> None:
+    s = scripted("chatml_tools")
+    chat = chat_for(s)
+    plain = chat.get_num_tokens_from_messages([HumanMessage(QUESTION)])
+    counted = chat.get_num_tokens_from_messages([HumanMessage(QUESTION)], tools=[get_weather])
+    assert counted > plain  # the template lists the tool in the prompt
+    sent = chat.bind_tools([get_weather]).invoke(QUESTION).usage_metadata["input_tokens"]
+    assert counted == sent
+
+
+def test_trim_messages_counts_with_the_model(scripted: Any) -> None:
+    from langchain_core.messages import trim_messages
+
+    s = scripted("llama3")
+    chat = chat_for(s)
+    history = [SystemMessage("You are terse.")]
+    for i in range(6):
+        history += [HumanMessage(f"Question {i}?"), AIMessage(f"Answer {i}.")]
+    history.append(HumanMessage(QUESTION))
+    budget = chat.get_num_tokens_from_messages(history) // 2
+    trimmed = trim_messages(history, max_tokens=budget, token_counter=chat, strategy="last",
+                            include_system=True, start_on="human")
+    assert trimmed[0] == history[0] and trimmed[-1] == history[-1] and len(trimmed) < len(history)
+    assert chat.get_num_tokens_from_messages(trimmed) <= budget
+    assert chat.invoke(trimmed).content == s.scenario.answer
+
+
 # -- per-call values -------------------------------------------------------------------------
 
 

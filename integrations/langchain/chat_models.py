@@ -202,6 +202,38 @@ class ChatVLLM(BaseChatModel):
         """The shared engine for ``model`` and ``vllm_kwargs`` (looked up, not started)."""
         return get_engine(self.model, **self.vllm_kwargs)
 
+    # -- token counts --------------------------------------------------------------------
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """Ids of ``text`` under the model's own tokenizer, without special tokens (starts the
+        engine). ``custom_get_token_ids``, when set, is used instead."""
+        if self.custom_get_token_ids is not None:
+            return self.custom_get_token_ids(text)
+        return list(self.engine.tokenizer.encode(text, add_special_tokens=False))
+
+    def get_num_tokens_from_messages(
+        self,
+        messages: list[BaseMessage],
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool] | None = None,
+    ) -> int:
+        """The exact prompt size of ``messages`` (and ``tools``): rendered by the model's chat
+        template as a call sends them, generation prompt included (starts the engine).
+
+        This is what ``trim_messages(..., token_counter=chat)`` counts with. A chat template
+        that refuses the messages (e.g. roles that do not alternate) raises
+        ``ChatTemplateError``; ``langchain_core.messages.utils.count_tokens_approximately``
+        counts any list.
+        """
+        wire = [_convert_message_to_dict(m, f"messages[{i}]") for i, m in enumerate(messages)]
+        formatted = [convert_to_openai_tool(t) for t in tools] if tools else None
+        ids = self.engine.prompt_token_ids(
+            wire,
+            tools=formatted,
+            chat_template=self.chat_template,
+            chat_template_kwargs=self.chat_template_kwargs,
+        )
+        return len(ids)
+
     # -- requests ------------------------------------------------------------------------
 
     def _instance_sampling(self) -> dict[str, Any]:
