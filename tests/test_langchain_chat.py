@@ -164,6 +164,17 @@ def test_token_counts_are_the_prompt_a_call_sends(scripted: Any) -> None:
     assert chat.get_num_tokens(text) == len(chat.get_token_ids(text))
 
 
+def test_a_template_that_refuses_the_messages_fails_the_count_clearly(scripted: Any) -> None:
+    from vllm_inline.engine import ChatTemplateError
+
+    s = scripted("llama3")
+    strict = chat_for(s, chat_template="{{ raise_exception('Conversation roles must alternate') }}")
+    with pytest.raises(ChatTemplateError, match="roles must alternate") as info:
+        strict.get_num_tokens_from_messages([AIMessage("a"), AIMessage("b")])
+    assert info.value.parameter == "messages"
+    assert chat_for(s).get_num_tokens_from_messages([AIMessage("a"), AIMessage("b")]) > 0
+
+
 def test_token_counts_include_the_bound_tools(scripted: Any) -> None:
     s = scripted("chatml_tools")
     chat = chat_for(s)
