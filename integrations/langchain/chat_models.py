@@ -138,8 +138,9 @@ class ChatVLLM(BaseChatModel):
     lora: str | tuple[str, str] | dict[str, str] | None = None
     """LoRA adapter for every call: a local PEFT adapter directory, a ``(name, path)`` pair, or
     the name of an adapter the engine has seen; a call's ``lora=`` (or ``.bind(lora=...)``)
-    replaces it, and a call's ``lora=None`` uses the base model. Needs ``vllm_kwargs={"enable_lora": True, "max_lora_rank": ...}``. Default
-    ``None``: the base model."""
+    replaces it, and a call's ``lora=None`` uses the base model. Needs
+    ``vllm_kwargs={"enable_lora": True, "max_lora_rank": ...}``. Default ``None``: the base
+    model."""
 
     extra_sampling: dict[str, Any] = Field(default_factory=dict)
     """Other vLLM sampling values for every call (``min_p``, ``presence_penalty``,
