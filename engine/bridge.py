@@ -70,6 +70,24 @@ class LoopThread:
         """Schedule ``coro`` on the loop; returns a thread-safe future."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
+    def run(self, coro: Coroutine[Any, Any, T], *, instead: str) -> T:
+        """Run ``coro`` on the loop and wait for its result, from a synchronous caller.
+
+        Called on the loop's own thread it would wait for itself: refused, naming ``instead``
+        (the call to await there). Leaving early (``KeyboardInterrupt``) cancels ``coro``.
+        """
+        if self.in_loop_thread:
+            coro.close()
+            raise RuntimeError(
+                "This synchronous call was made on the engine's own loop thread, where it would "
+                f"wait for itself: await {instead} there instead."
+            )
+        future = self.submit(coro)
+        try:
+            return future.result()
+        finally:
+            future.cancel()  # no-op once done
+
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the loop and join the thread (idempotent)."""
         if self.loop.is_closed():

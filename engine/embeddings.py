@@ -134,17 +134,8 @@ def embed(
     if not items:
         return []
     running = engine._started()
-    if running.loop.in_loop_thread:
-        raise RuntimeError(
-            "Engine.embed() was called on the engine's own loop thread, where it would wait for "
-            "itself: await engine.aembed(...) there instead."
-        )
     job = _embed(engine.model, running, items, truncate, normalize, batch_size)
-    future = running.loop.submit(job)
-    try:
-        return future.result()
-    finally:
-        future.cancel()  # no-op once done; on KeyboardInterrupt it aborts the requests
+    return running.loop.run(job, instead="engine.aembed(...)")  # KeyboardInterrupt aborts it
 
 
 # -- on the engine loop ------------------------------------------------------------------------

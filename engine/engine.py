@@ -341,12 +341,9 @@ class Engine:
         """The synchronous form of :meth:`aprompt_token_ids` (same arguments, same ids)."""
         request = self._render_request(messages, prompt, tools, chat_template, chat_template_kwargs)
         running = self._started()
-        if running.loop.in_loop_thread:
-            raise RuntimeError(
-                "Engine.prompt_token_ids() was called on the engine's own loop thread, where it "
-                "would wait for itself: await engine.aprompt_token_ids(...) there instead."
-            )
-        return running.loop.submit(self._prompt_ids(running, request)).result()
+        return running.loop.run(
+            self._prompt_ids(running, request), instead="engine.aprompt_token_ids(...)"
+        )
 
     def _render_request(
         self,

@@ -144,6 +144,18 @@ async def test_prompt_token_ids_are_what_a_request_prefills(scripted):
     assert info.value.parameter == "messages"
 
 
+def test_a_sync_call_on_the_engine_loop_thread_is_refused(scripted):
+    engine = scripted("chatml").engine
+    ids = engine.prompt_token_ids(USER)
+
+    async def on_the_engine_loop():  # e.g. a callback vLLM runs there
+        return engine.prompt_token_ids(USER)
+
+    with pytest.raises(RuntimeError, match=r"await engine\.aprompt_token_ids"):
+        engine._running.loop.submit(on_the_engine_loop()).result(timeout=60)
+    assert engine.prompt_token_ids(USER) == ids  # and it keeps serving
+
+
 def test_preformatted_prompt_is_sent_as_is(scripted):
     s = scripted("llama3")
     deltas = list(s.engine.stream(prompt=s.scenario.completion_prompt))
