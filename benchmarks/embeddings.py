@@ -82,7 +82,7 @@ def run(
     kwargs = {"runner": "pooling", **vllm_kwargs}
     engine = get_engine(model, **kwargs)
     t0 = time.perf_counter()
-    running = engine._started()  # the raw baseline needs the AsyncLLM and its loop
+    runtime = engine.runtime  # the raw baseline needs the AsyncLLM and its loop
     start_s = time.perf_counter() - t0
     texts = make_texts(n_texts, words)
     lc = VLLMEmbeddings(model=model, vllm_kwargs=vllm_kwargs)
@@ -90,8 +90,8 @@ def run(
     assert lc.engine is engine and li.engine is engine
 
     variants: dict[str, Callable[[], list[list[float]]]] = {
-        "raw vLLM pooling (AsyncLLM.encode)": lambda: running.loop.submit(
-            _raw_embed(running.llm, texts)
+        "raw vLLM pooling (AsyncLLM.encode)": lambda: runtime.loop.submit(
+            _raw_embed(runtime.llm, texts)
         ).result(),
         "Engine.embed": lambda: engine.embed(texts),
         "Engine.aembed": lambda: asyncio.run(engine.aembed(texts)),

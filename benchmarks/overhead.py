@@ -88,11 +88,11 @@ def main() -> None:
     from vllm_inline.engine import get_engine
 
     engine = get_engine(model, **ENGINE_OPTIONS).start()
-    running = engine._running  # the AsyncLLM and its loop thread (benchmark only)
+    runtime = engine.runtime  # the AsyncLLM and its loop thread
     chat = P.chat_vllm(model, ENGINE_OPTIONS)
     tokens, c, rounds = spec.tokens, args.concurrency, 3
     kw = P.sampling(tokens)
-    messages = P._lc_messages()
+    messages = P.lc_messages()
 
     async def converter_only() -> Record:
         rec, n = Record(), 0
@@ -102,7 +102,7 @@ def main() -> None:
             rec.chunk(chunk.message.content)
         return rec.done(n)
 
-    raw = P.raw_request(running.llm, _prompt_ids(model), tokens)
+    raw = P.raw_request(runtime.llm, _prompt_ids(model), tokens)
     requests: dict[str, Callable[[], Awaitable[Record]]] = {
         "raw AsyncLLM": raw,
         "Engine.astream": P.engine_async(engine, tokens),
@@ -118,7 +118,7 @@ def main() -> None:
         threads0 = thread_cpu()
         t0, cpu0 = time.perf_counter(), time.process_time()
         if name == "raw AsyncLLM":
-            running.loop.submit(P.run_async_load(raw, c, rounds)).result()
+            runtime.loop.submit(P.run_async_load(raw, c, rounds)).result()
         else:
             asyncio.run(P.run_async_load(requests[name], c, rounds))
         n = c * rounds * tokens

@@ -84,7 +84,7 @@ def engine_sync(engine: Any, tokens: int) -> Callable[[], Record]:
 # -- (3) ChatVLLM.astream / .stream, and (5) ChatOpenAI.astream against vLLM's server ----------
 
 
-def _lc_messages() -> list[Any]:
+def lc_messages() -> list[Any]:
     from langchain_core.messages import HumanMessage
 
     return [HumanMessage(PROMPT)]
@@ -96,7 +96,7 @@ def _lc_tokens(chunk: Any) -> int:
 
 
 def langchain_async(chat: Any, tokens: int, **call_kwargs: Any) -> Callable[[], Awaitable[Record]]:
-    messages = _lc_messages()
+    messages = lc_messages()
 
     async def request() -> Record:
         rec = Record()
@@ -110,7 +110,7 @@ def langchain_async(chat: Any, tokens: int, **call_kwargs: Any) -> Callable[[], 
 
 
 def langchain_sync(chat: Any, tokens: int, **call_kwargs: Any) -> Callable[[], Record]:
-    messages = _lc_messages()
+    messages = lc_messages()
 
     def request() -> Record:
         rec = Record()

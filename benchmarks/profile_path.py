@@ -36,11 +36,11 @@ def main() -> None:
     from vllm_inline.engine import get_engine
 
     engine = get_engine(model, **ENGINE_OPTIONS).start()
-    running = engine._running
+    runtime = engine.runtime
     tokens = spec.tokens
     kw = P.sampling(tokens)
     makers = {
-        "raw": lambda: P.raw_request(running.llm, _prompt_ids(model), tokens),
+        "raw": lambda: P.raw_request(runtime.llm, _prompt_ids(model), tokens),
         "Engine.astream": lambda: P.engine_async(engine, tokens),
         "Engine.stream": lambda: P.engine_sync(engine, tokens),
         "ChatVLLM.astream": lambda: P.langchain_async(P.chat_vllm(model, ENGINE_OPTIONS), tokens, **kw),
@@ -57,7 +57,7 @@ def main() -> None:
     cpu0 = time.process_time()
     while time.monotonic() < deadline:
         if args.path == "raw":
-            recs = running.loop.submit(P.run_async_load(request, args.concurrency, 1)).result()
+            recs = runtime.loop.submit(P.run_async_load(request, args.concurrency, 1)).result()
         elif sync:
             recs = P.run_sync_load(request, args.concurrency, 1)
         else:

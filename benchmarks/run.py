@@ -143,13 +143,13 @@ def phase_inline(spec: ModelSpec, model: str, prompt_ids: list[int], args: argpa
 
     log(f"{spec.name}: starting the engine")
     engine = get_engine(model, **ENGINE_OPTIONS).start()
-    running = engine._running  # the AsyncLLM and its loop thread (benchmark only)
+    runtime = engine.runtime  # the AsyncLLM and its loop thread
     chat = P.chat_vllm(model, ENGINE_OPTIONS)
     li = P.llama_index_llm(model, ENGINE_OPTIONS)
     assert chat.engine is engine and li.engine is engine, "the integrations must share the engine"
 
     def on_engine_loop(coro: Any) -> Any:
-        return running.loop.submit(coro).result()
+        return runtime.loop.submit(coro).result()
 
     def paths(tokens: int) -> list[tuple[str, str, Any]]:
         kw = P.sampling(tokens)
@@ -163,13 +163,13 @@ def phase_inline(spec: ModelSpec, model: str, prompt_ids: list[int], args: argpa
         ]
 
     async def main() -> list[dict[str, Any]]:
-        on_engine_loop(P.run_async_load(P.raw_request(running.llm, prompt_ids, WARMUP[1]), WARMUP[0], 1))
+        on_engine_loop(P.run_async_load(P.raw_request(runtime.llm, prompt_ids, WARMUP[1]), WARMUP[0], 1))
         for _, kind, request in paths(WARMUP[1]):
             if kind == "async":
                 await P.run_async_load(request, WARMUP[0], 1)
             else:
                 P.run_sync_load(request, WARMUP[0], 1)
-        raw = P.raw_request(running.llm, prompt_ids, spec.tokens)
+        raw = P.raw_request(runtime.llm, prompt_ids, spec.tokens)
         measured = [(name, kind, request) for name, kind, request in paths(spec.tokens)
                     if not args.paths or name in args.paths]
         runs = []

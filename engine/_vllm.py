@@ -1,4 +1,9 @@
-"""Every touch point with vLLM's Python API, in one module (the API moves between releases).
+"""vLLM's engine API as the request path uses it: start, render, sampling, LoRA, errors.
+
+vLLM's API moves between releases, so its touch points are kept in three places: this module
+(``AsyncLLM``, the renderer, ``SamplingParams``, ``LoRARequest``, vLLM's exceptions),
+:mod:`._vllm_pooling` (the pooling API of embeddings) and :mod:`.parsing` (vLLM's tool and
+reasoning parsers, which take the OpenAI server's request type).
 
 Imported only when an engine starts: importing :mod:`vllm_inline.engine` does not import vLLM.
 """
@@ -144,11 +149,6 @@ def _base_adapter() -> str:
         atexit.register(shutil.rmtree, path, True)
         _base_adapter_dir = path
     return _base_adapter_dir
-
-
-def sampling_names() -> frozenset[str]:
-    """Sampling parameters a caller may pass."""
-    return _SAMPLING_NAMES
 
 
 async def render_chat(

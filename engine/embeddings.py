@@ -17,8 +17,9 @@ One call runs as one task on the engine loop:
 2. every text is submitted to vLLM as its own ``encode`` request, concurrently (at most
    ``batch_size * 4`` in flight), so vLLM's scheduler batches them, also with other callers'.
 
-The async form awaits that task from the caller's loop; the sync form blocks on it. Cancelling
-the caller (or an error in one request) cancels the rest, which aborts them in vLLM.
+The call runs under :meth:`Runtime.guard <.runtime.Runtime.guard>` like a stream. The async
+form awaits that task from the caller's loop; the sync form blocks on it. Cancelling the caller
+(or an error in one request) cancels the rest, which aborts them in vLLM.
 """
 
 from __future__ import annotations
@@ -26,21 +27,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .errors import (
-    BadRequestError,
-    ContextLengthExceededError,
-    EngineDeadError,
-    EngineShutdownError,
-    UnsupportedTaskError,
-    VLLMInlineError,
-)
+from .errors import BadRequestError, ContextLengthExceededError, UnsupportedTaskError
+from .runtime import Runtime
 
-if TYPE_CHECKING:
-    from .engine import Engine, _Running
-
-__all__ = ["DEFAULT_BATCH_SIZE", "aembed", "check_embed_options", "embed", "require_runner"]
+__all__ = ["DEFAULT_BATCH_SIZE", "check_embed_options", "embed", "validate_texts"]
 
 DEFAULT_BATCH_SIZE = 64
 """Texts tokenized per renderer call; ``4 *`` this many requests are in flight at most."""
@@ -52,7 +44,8 @@ _request_ids = itertools.count()
 # -- validation (no engine needed) -------------------------------------------------------------
 
 
-def _validate(texts: Any, truncate: Any, normalize: Any, batch_size: Any) -> list[str]:
+def validate_texts(texts: Any, truncate: Any, normalize: Any, batch_size: Any) -> list[str]:
+    """The texts of an embedding call as a list; a bad argument is a :class:`BadRequestError`."""
     if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
         raise BadRequestError.invalid(
             "texts", texts, "a list of strings (embed one text as [text])"
@@ -76,128 +69,46 @@ def check_embed_options(truncate: Any, normalize: Any, batch_size: Any) -> None:
         raise BadRequestError.invalid("batch_size", batch_size, "a positive integer")
 
 
-def require_runner(model: str, llm: Any, wanted: str) -> None:
-    """Raise :class:`UnsupportedTaskError` unless the engine runs vLLM's ``wanted`` runner."""
-    from . import _vllm_pooling
-
-    if llm is None:
-        return  # shut down or dead: the caller's own check says so
-    have = _vllm_pooling.runner_type(llm)
-    if have == wanted:
-        return
-    if wanted == "pooling":
-        message = (
-            f"The engine for {model!r} runs vLLM's {have!r} runner, which cannot embed. Embeddings "
-            f"need a pooling engine: get_engine({model!r}, runner='pooling', ...) (VLLMEmbeddings "
-            "and VLLMEmbedding start one). vLLM converts a *ForCausalLM checkpoint into an "
-            "embedder under runner='pooling' (convert='embed')."
-        )
-    else:
-        message = (
-            f"The engine for {model!r} runs vLLM's {have!r} runner (embeddings) and cannot "
-            f"generate text: call engine.embed(...) on it, or chat through a generation engine, "
-            f"get_engine({model!r}, ...) without runner='pooling'."
-        )
-    raise UnsupportedTaskError(message, parameter="model", value=model)
-
-
-# -- the two entry points ------------------------------------------------------------------------
-
-
-async def aembed(
-    engine: Engine,
-    texts: Sequence[str],
-    *,
-    truncate: bool = False,
-    normalize: bool | None = None,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-) -> list[list[float]]:
-    """See :meth:`Engine.aembed`."""
-    items = _validate(texts, truncate, normalize, batch_size)
-    if not items:
-        return []
-    running = await engine._astarted()
-    job = _embed(engine.model, running, items, truncate, normalize, batch_size)
-    return await asyncio.wrap_future(running.loop.submit(job))
-
-
-def embed(
-    engine: Engine,
-    texts: Sequence[str],
-    *,
-    truncate: bool = False,
-    normalize: bool | None = None,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-) -> list[list[float]]:
-    """See :meth:`Engine.embed`."""
-    items = _validate(texts, truncate, normalize, batch_size)
-    if not items:
-        return []
-    running = engine._started()
-    job = _embed(engine.model, running, items, truncate, normalize, batch_size)
-    return running.loop.run(job, instead="engine.aembed(...)")  # KeyboardInterrupt aborts it
-
-
 # -- on the engine loop ------------------------------------------------------------------------
 
 
-async def _embed(
-    model: str,
-    running: _Running,
+async def embed(
+    runtime: Runtime,
     texts: list[str],
+    *,
     truncate: bool,
     normalize: bool | None,
     batch_size: int,
 ) -> list[list[float]]:
-    from . import _vllm, _vllm_pooling
+    """Embed checked ``texts`` (see :func:`validate_texts`); runs on the engine loop."""
+    from . import _vllm_pooling
 
-    task = asyncio.current_task()
-    assert task is not None
-    running.tasks.add(task)
-    try:
-        llm = running.llm
-        if llm is None or llm.errored:
-            raise EngineDeadError(
-                f"The vLLM engine for {model!r} is dead. Call engine.restart() to start a new one."
-            )
-        require_runner(model, llm, "pooling")
+    async with runtime.guard("embedding call", runner="pooling") as llm:
         tasks = await _vllm_pooling.supported_tasks(llm)
         if "embed" not in tasks:
             raise UnsupportedTaskError(
-                f"The pooling engine for {model!r} supports {list(tasks)}, not 'embed'. Start it "
-                "with convert='embed' (get_engine(model, runner='pooling', convert='embed')).",
+                f"The pooling engine for {runtime.model!r} supports {list(tasks)}, not 'embed'. "
+                "Start it with convert='embed' (get_engine(model, runner='pooling', "
+                "convert='embed')).",
                 parameter="model",
-                value=model,
+                value=runtime.model,
             )
         inputs: list[Any] = []
         for start in range(0, len(texts), batch_size):
             batch = texts[start : start + batch_size]
-            inputs += await _render(running, batch, start, truncate, _vllm_pooling)
+            inputs += await _render(runtime, batch, start, truncate)
         params = _vllm_pooling.make_pooling_params(normalize)
         limit = batch_size * _BATCHES_IN_FLIGHT
-        return await _encode_all(llm, inputs, params, limit, _vllm_pooling)
-    except asyncio.CancelledError:
-        if running.closing:
-            raise EngineShutdownError(
-                f"The engine for {model!r} was shut down while this embedding call ran."
-            ) from None
-        raise
-    except VLLMInlineError:
-        raise
-    except Exception as e:
-        mapped = _vllm.map_error(e, model)
-        if mapped is None:
-            raise
-        raise mapped from e
-    finally:
-        running.tasks.discard(task)
+        return await _encode_all(llm, inputs, params, limit)
 
 
 async def _render(
-    running: _Running, batch: list[str], start: int, truncate: bool, _vllm_pooling: Any
+    runtime: Runtime, batch: list[str], start: int, truncate: bool
 ) -> list[Any]:
     """Engine inputs for ``batch`` (``texts[start:]``); over-long or empty texts are named."""
-    llm = running.llm
+    from . import _vllm_pooling
+
+    llm = runtime.llm
     try:
         inputs = await _vllm_pooling.render_texts(llm, batch, truncate=truncate)
     except Exception as e:
@@ -213,9 +124,9 @@ async def _render(
                 counted = f"{tokens} or more" if isinstance(tokens, int) else "more"
                 raise ContextLengthExceededError(
                     f"texts[{start + k}] has {counted} tokens, more than the model's context "
-                    f"window of {running.max_model_len} (max_model_len). Split it into shorter "
+                    f"window of {runtime.max_model_len} (max_model_len). Split it into shorter "
                     f"chunks, pass truncate=True to embed only its first "
-                    f"{running.max_model_len} tokens, or start the engine with a larger "
+                    f"{runtime.max_model_len} tokens, or start the engine with a larger "
                     "max_model_len (vllm_kwargs).",
                     parameter=f"texts[{start + k}]",
                     value=tokens,
@@ -233,9 +144,11 @@ async def _render(
 
 
 async def _encode_all(
-    llm: Any, inputs: list[Any], params: Any, limit: int, _vllm_pooling: Any
+    llm: Any, inputs: list[Any], params: Any, limit: int
 ) -> list[list[float]]:
     """Submit every input at once (at most ``limit`` in flight); results in input order."""
+    from . import _vllm_pooling
+
     gate = asyncio.Semaphore(limit)
 
     async def one(engine_input: Any) -> list[float]:

@@ -2,11 +2,11 @@
 
 A call passes ``lora=`` as a local adapter directory (``"/adapters/sql"``), a ``(name, path)``
 pair, a ``{"name": ..., "path": ...}`` mapping, or the name of an adapter this engine has seen
-before. Each engine keeps a :class:`LoRARegistry`: the same directory always gets the same id
-(ids count from 1) and two directories never share one, nor a vLLM name.
+before. Each engine keeps a :class:`LoRARegistry` (``Engine.adapters``): the same directory
+always gets the same id (ids count from 1) and two directories never share one, nor a vLLM name.
 
-Nothing here imports vLLM: :meth:`LoRARegistry.resolve` checks the argument before any work;
-:meth:`LoRARegistry.request` runs on the engine loop and loads an adapter into the engine once
+Nothing here imports vLLM at import time: :meth:`LoRARegistry.resolve` checks the argument
+before any work; :func:`lora_request` runs on the engine loop and loads an adapter once
 (vLLM's ``add_lora``), so a bad adapter (rank above ``max_lora_rank``, target modules the model
 does not have, an engine started without ``enable_lora``) is a :class:`BadRequestError` naming the
 path, and the engine keeps serving. Loading it inside a batch instead would kill the engine.
@@ -19,17 +19,17 @@ import logging
 import os
 import re
 import threading
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import BadRequestError
+from .runtime import Runtime
 
-__all__ = ["Adapter", "LoRARegistry", "registry"]
+__all__ = ["Adapter", "LoRARegistry", "lora_request"]
 
 _CONFIG = "adapter_config.json"
-_BASE_OK, _BASE_FAILED = -1, -2  # markers in LoRARegistry._loaded (adapter ids are >= 1)
+_BASE_OK, _BASE_FAILED = -1, -2  # markers in Runtime.loaded_adapters (adapter ids are >= 1)
 
 logger = logging.getLogger("vllm_inline")
 
@@ -54,8 +54,6 @@ class LoRARegistry:
         self._by_path: dict[str, Adapter] = {}
         self._by_name: dict[str, Adapter] = {}
         self._ids = itertools.count(1)
-        # Adapter ids already loaded by each running AsyncLLM (a restart starts afresh).
-        self._loaded: weakref.WeakKeyDictionary[Any, set[int]] = weakref.WeakKeyDictionary()
 
     def resolve(self, lora: Any) -> Adapter | None:
         """The adapter ``lora`` names (``None`` for the base model); refused before any work."""
@@ -108,51 +106,58 @@ class LoRARegistry:
                 self._by_name.setdefault(name, adapter)  # an alias for the same directory
             return adapter
 
-    async def request(self, llm: Any, adapter: Adapter | None, _vllm: Any) -> Any:
-        """vLLM's ``LoRARequest`` for ``adapter`` (or for the base model on CPU, see
-        :func:`._vllm.base_lora_request`), loading the adapter into ``llm`` on first use."""
-        loaded = self._loaded.setdefault(llm, set())
-        if adapter is None:
-            base = _vllm.base_lora_request(llm)
-            if base is None or _BASE_OK in loaded:
-                return base
-            if _BASE_FAILED in loaded:
-                return None
-            try:
-                await _vllm.add_lora(llm, base)
-            except Exception:  # noqa: BLE001 - an unusual model: fall back to vLLM's own path
-                logger.warning(
-                    "vllm-inline: the base model's empty LoRA adapter does not load on this "
-                    "model; on the CPU, base-model requests batched with adapter requests may "
-                    "get an adapter's weights (a vLLM CPU bug).",
-                    exc_info=True,
-                )
-                loaded.add(_BASE_FAILED)
-                return None
-            loaded.add(_BASE_OK)
+
+async def lora_request(runtime: Runtime, adapter: Adapter | None) -> Any:
+    """vLLM's ``LoRARequest`` for ``adapter`` (or for the base model on the CPU, see
+    ``_vllm.base_lora_request``), loading the adapter into the engine on first use.
+
+    Runs on the engine loop; which adapters are loaded is kept on the ``runtime``, so a
+    restarted engine loads them again.
+    """
+    from . import _vllm
+
+    llm, loaded = runtime.llm, runtime.loaded_adapters
+    if adapter is None:
+        base = _vllm.base_lora_request(llm)
+        if base is None or _BASE_OK in loaded:
             return base
-        if not _vllm.lora_enabled(llm):
+        if _BASE_FAILED in loaded:
+            return None
+        try:
+            await _vllm.add_lora(llm, base)
+        except Exception:  # noqa: BLE001 - an unusual model: fall back to vLLM's own path
+            logger.warning(
+                "vllm-inline: the base model's empty LoRA adapter does not load on this "
+                "model; on the CPU, base-model requests batched with adapter requests may "
+                "get an adapter's weights (a vLLM CPU bug).",
+                exc_info=True,
+            )
+            loaded.add(_BASE_FAILED)
+            return None
+        loaded.add(_BASE_OK)
+        return base
+    if not _vllm.lora_enabled(llm):
+        raise BadRequestError(
+            f"lora={adapter.path!r}: this engine was started without LoRA support. Pass "
+            "vllm_kwargs={'enable_lora': True, 'max_lora_rank': <the adapters' largest "
+            "rank>, 'max_loras': <adapters per batch>}.",
+            parameter="lora",
+            value=adapter.path,
+        )
+    request = _vllm.make_lora_request(adapter.name, adapter.id, adapter.path)
+    if adapter.id not in loaded:
+        try:
+            await _vllm.add_lora(llm, request)
+        except Exception as e:  # vLLM raises a bare Exception carrying the worker's message
             raise BadRequestError(
-                f"lora={adapter.path!r}: this engine was started without LoRA support. Pass "
-                "vllm_kwargs={'enable_lora': True, 'max_lora_rank': <the adapters' largest "
-                "rank>, 'max_loras': <adapters per batch>}.",
+                f"LoRA adapter {adapter.path!r} cannot be used with this engine: "
+                f"{_worker_message(e)} (check its adapter_config.json: rank <= the engine's "
+                "max_lora_rank, target modules this model has).",
                 parameter="lora",
                 value=adapter.path,
-            )
-        request = _vllm.make_lora_request(adapter.name, adapter.id, adapter.path)
-        if adapter.id not in loaded:
-            try:
-                await _vllm.add_lora(llm, request)
-            except Exception as e:  # vLLM raises a bare Exception carrying the worker's message
-                raise BadRequestError(
-                    f"LoRA adapter {adapter.path!r} cannot be used with this engine: "
-                    f"{_worker_message(e)} (check its adapter_config.json: rank <= the engine's "
-                    "max_lora_rank, target modules this model has).",
-                    parameter="lora",
-                    value=adapter.path,
-                ) from e
-            loaded.add(adapter.id)
-        return request
+            ) from e
+        loaded.add(adapter.id)
+    return request
 
 
 def _split(lora: Any) -> tuple[str, str | None]:
@@ -187,16 +192,3 @@ def _worker_message(e: BaseException) -> str:
     text = str(e)
     found = re.search(r"Worker failed with error '(.*)', please check", text, re.S)
     return found.group(1) if found else text
-
-
-_registries: weakref.WeakKeyDictionary[Any, LoRARegistry] = weakref.WeakKeyDictionary()
-_registries_lock = threading.Lock()
-
-
-def registry(engine: Any) -> LoRARegistry:
-    """The adapter registry of ``engine`` (created on first use, lives as long as the engine)."""
-    with _registries_lock:
-        found = _registries.get(engine)
-        if found is None:
-            found = _registries[engine] = LoRARegistry()
-        return found

@@ -142,21 +142,29 @@ def validate_tools(tools: Any) -> list[dict[str, Any]] | None:
 
 
 def validate_tool_choice(tool_choice: Any, tools: list[dict[str, Any]] | None) -> str | None:
-    """Normalise ``tool_choice`` to ``None``/"auto"/"none"/"required" or a tool name."""
+    """Normalise ``tool_choice`` to ``None``/"auto"/"none"/"required" or a tool name.
+
+    Takes OpenAI's forms (a string, ``{"type": "function", "function": {"name": ...}}``) and
+    LangChain's (``"any"`` or ``True`` for "required", ``False`` for "none").
+    """
     if tool_choice is None:
         return None
+    given = tool_choice
     if isinstance(tool_choice, Mapping):
         function = tool_choice.get("function")
         tool_choice = function.get("name") if isinstance(function, Mapping) else tool_choice.get("name")
-    if tool_choice == "any":
+    if tool_choice is True or tool_choice == "any":
         tool_choice = "required"
+    elif tool_choice is False:
+        tool_choice = "none"
+    names = [t["function"]["name"] for t in tools or ()]
+    expected = "'auto', 'none', 'required' ('any' or True) or the name of a tool"
     if not isinstance(tool_choice, str):
-        raise BadRequestError.invalid("tool_choice", tool_choice, "'auto', 'none', 'required' or a tool name")
+        raise BadRequestError.invalid("tool_choice", given, f"{expected} {names}")
     if tool_choice in ("auto", "none"):
         return tool_choice
-    names = [t["function"]["name"] for t in tools or ()]
     if not names:
-        raise BadRequestError.invalid("tool_choice", tool_choice, "tool_choice needs tools")
+        raise BadRequestError.invalid("tool_choice", given, "tool_choice needs tools")
     if tool_choice == "required" or tool_choice in names:
         return tool_choice
-    raise BadRequestError.invalid("tool_choice", tool_choice, f"names an unknown tool; known tools: {names}")
+    raise BadRequestError.invalid("tool_choice", given, f"names an unknown tool; known tools: {names}")

@@ -2,8 +2,15 @@
 
 Layering, lowest first: :data:`DEFAULTS` < the model's ``generation_config`` sampling values
 (``AsyncLLM`` does not apply them by itself) < values of the integration object < per-call values.
-:func:`check_sampling` refuses bad values with the parameter's name before a request is sent;
-vLLM's own ``SamplingParams`` checks run after it and are mapped to the same error type.
+:func:`final_sampling` does that layering for one request and adds what the engine decides
+(the room left in the context window, the stop policy's token ids).
+
+:func:`check_sampling` refuses bad values with the parameter's name when a call is made (or an
+integration object is built), before the engine starts. It restates a few of vLLM's
+``SamplingParams`` range checks on purpose: ``SamplingParams`` only exists once vLLM is
+imported, which happens on the engine's loop thread at start (see :mod:`.runtime`), and a bad
+``temperature`` should not cost an engine start to be refused. vLLM's own checks run again when
+the request is sent and are mapped to the same error type.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from typing import Any
 
 from .errors import BadRequestError
 
-__all__ = ["DEFAULTS", "check_sampling", "layer_sampling"]
+__all__ = ["DEFAULTS", "check_sampling", "final_sampling", "layer_sampling"]
 
 DEFAULTS: Mapping[str, Any] = {"max_tokens": 512, "repetition_penalty": 1.1}
 """vllm-inline's own defaults, under everything else."""
@@ -88,3 +95,31 @@ def check_sampling(values: Mapping[str, Any], *, max_model_len: int | None = Non
             f"larger than the model's context window ({max_model_len} tokens)",
         )
     return out
+
+
+def final_sampling(
+    call: Mapping[str, Any],
+    *,
+    model_defaults: Mapping[str, Any],
+    stop_token_ids: tuple[int, ...],
+    max_model_len: int,
+    prompt_tokens: int,
+) -> dict[str, Any]:
+    """The sampling values sent for one request: :data:`DEFAULTS` < ``model_defaults`` <
+    ``call``, ``max_tokens`` capped to the room left after the prompt, and the stop policy's
+    ``stop_token_ids`` added (unless ``ignore_eos``)."""
+    values = layer_sampling(DEFAULTS, model_defaults, call)
+    values["max_tokens"] = min(values["max_tokens"], max_model_len - prompt_tokens)
+    if values["max_tokens"] < 1:
+        raise BadRequestError(
+            f"The prompt fills the whole context window ({prompt_tokens} of "
+            f"{max_model_len} tokens): no room to generate. Shorten the messages.",
+            parameter="messages",
+            value=prompt_tokens,
+        )
+    if not values.get("ignore_eos"):
+        # ignore_eos (fixed-length benchmarks) turns off the end-of-turn policy too.
+        values["stop_token_ids"] = list(
+            dict.fromkeys([*stop_token_ids, *values.get("stop_token_ids", ())])
+        )
+    return values

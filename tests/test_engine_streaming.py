@@ -152,7 +152,7 @@ def test_a_sync_call_on_the_engine_loop_thread_is_refused(scripted):
         return engine.prompt_token_ids(USER)
 
     with pytest.raises(RuntimeError, match=r"await engine\.aprompt_token_ids"):
-        engine._running.loop.submit(on_the_engine_loop()).result(timeout=60)
+        engine.runtime.loop.submit(on_the_engine_loop()).result(timeout=60)
     assert engine.prompt_token_ids(USER) == ids  # and it keeps serving
 
 

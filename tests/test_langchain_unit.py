@@ -25,9 +25,9 @@ import vllm_inline.integrations.langchain as lc
 from vllm_inline.engine import BadRequestError, Delta, TokenLogprob, ToolCallDelta, Usage
 from vllm_inline.integrations.langchain import ChatVLLM
 from vllm_inline.integrations.langchain._convert import (
-    _convert_message_to_dict,
-    _delta_to_chunk,
-    _delta_to_generation_chunk,
+    convert_message_to_dict,
+    delta_to_chunk,
+    delta_to_generation_chunk,
 )
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"  # never started in this module
@@ -168,7 +168,7 @@ def test_messages_convert_to_openai_dicts() -> None:
         ToolMessage("sunny", tool_call_id="c1"),
         AIMessage([{"type": "reasoning", "reasoning": "hm"}, {"type": "text", "text": "Sunny."}]),
     ]
-    assert [_convert_message_to_dict(m) for m in messages] == [
+    assert [convert_message_to_dict(m) for m in messages] == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather\nin Oslo?", "name": "ann"},
         {
@@ -204,13 +204,13 @@ def test_messages_the_model_cannot_take_are_refused(message: Any) -> None:
 
 
 def test_delta_to_chunk_text_reasoning_and_tools() -> None:
-    chunk = _delta_to_chunk(Delta(text="Hi", reasoning="think"), "m")
+    chunk = delta_to_chunk(Delta(text="Hi", reasoning="think"), "m")
     assert chunk.content == "Hi"
     assert chunk.additional_kwargs == {"reasoning_content": "think"}
     assert chunk.content_blocks[0] == {"type": "reasoning", "reasoning": "think"}
     assert chunk.chunk_position is None and chunk.usage_metadata is None
 
-    call = _delta_to_chunk(
+    call = delta_to_chunk(
         Delta(tool_calls=(ToolCallDelta(index=0, id="c1", name="f", arguments='{"a"'),)), "m"
     )
     assert call.tool_call_chunks == [
@@ -230,8 +230,8 @@ def test_generation_chunk_fast_path_equals_the_validated_chunk(
 ) -> None:
     """Plain-text deltas skip pydantic validation; the result must be the very same chunk."""
     delta = Delta(text=text, reasoning=reasoning, finish_reason=finish, usage=usage)
-    fast = _delta_to_generation_chunk(delta, "m")
-    validated = ChatGenerationChunk(message=_delta_to_chunk(delta, "m"))
+    fast = delta_to_generation_chunk(delta, "m")
+    validated = ChatGenerationChunk(message=delta_to_chunk(delta, "m"))
     assert fast == validated
     assert type(fast.message) is AIMessageChunk
     assert fast.message.model_dump() == validated.message.model_dump()
@@ -240,18 +240,18 @@ def test_generation_chunk_fast_path_equals_the_validated_chunk(
 
 
 def test_generation_chunk_fast_path_hands_out_fresh_containers() -> None:
-    first = _delta_to_generation_chunk(Delta(text="a"), "m")
+    first = delta_to_generation_chunk(Delta(text="a"), "m")
     first.message.additional_kwargs["x"] = 1
     first.message.response_metadata["y"] = 2
     first.message.tool_call_chunks.append({"name": "f", "args": "", "id": "1", "index": 0})
-    second = _delta_to_generation_chunk(Delta(text="b"), "m")
+    second = delta_to_generation_chunk(Delta(text="b"), "m")
     assert second.message.additional_kwargs == {}
     assert second.message.response_metadata == {}
     assert second.message.tool_call_chunks == [] and second.message.tool_calls == []
 
 
 def test_last_delta_carries_usage_and_metadata() -> None:
-    last = _delta_to_chunk(
+    last = delta_to_chunk(
         Delta(
             text=".",
             finish_reason="stop",

@@ -19,6 +19,7 @@ from vllm_inline.integrations import llama_index as li
 from vllm_inline.integrations.llama_index import VLLM
 from vllm_inline.integrations.llama_index.utils import (
     ResponseBuilder,
+    aggregate,
     to_engine_messages,
     tool_selections,
 )
@@ -160,4 +161,4 @@ def test_response_builder_folds_deltas() -> None:
         "prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9, "finish_reason": "tool_calls"
     }
     assert last.raw["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
-    assert builder.result().delta is None
+    assert aggregate(iter(responses)).delta is None  # the non-streaming answer

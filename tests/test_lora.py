@@ -107,10 +107,8 @@ async def test_base_and_two_adapters_stream_concurrently(lora_setup):
 
 
 def test_sync_stream_names_and_ids(lora_setup):
-    from vllm_inline.engine.lora import registry
-
     _, adapters, engine = lora_setup
-    reg = registry(engine)
+    reg = engine.adapters
     paris = reg.resolve(adapters["paris"])
     # The same directory, however written, is the same adapter; another one never collides.
     relative = os.path.relpath(adapters["paris"])
@@ -150,8 +148,8 @@ async def test_bad_adapters_are_typed_errors_and_engine_keeps_serving(lora_setup
     assert ["".join(t) for t in texts] == [BASE, HELLO]
 
 
-async def test_engine_without_lora_names_the_path(tmp_path):
-    """No engine needed: the registry checks the engine's LoRA support before loading."""
+async def test_engine_without_lora_names_the_path(scripted, tmp_path):
+    """An engine started without LoRA support refuses an adapter before loading it."""
     from vllm_inline.engine import BadRequestError
     from vllm_inline.engine.lora import LoRARegistry
 
@@ -159,18 +157,13 @@ async def test_engine_without_lora_names_the_path(tmp_path):
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text("{}")
 
-    class NoLoRA:
-        @staticmethod
-        def lora_enabled(llm):
-            return False
-
-    class FakeLLM:
-        pass
+    engine = scripted("llama3").engine  # started without enable_lora
+    with pytest.raises(BadRequestError, match="enable_lora") as err:
+        await _collect(engine, lora=str(adapter))
+    assert err.value.value == str(adapter)
+    assert "".join(d.text for d in engine.stream(MESSAGES)) == scripted("llama3").scenario.answer
 
     reg = LoRARegistry()
-    with pytest.raises(BadRequestError, match="enable_lora") as err:
-        await reg.request(FakeLLM(), reg.resolve(str(adapter)), NoLoRA)
-    assert err.value.value == str(adapter)
     with pytest.raises(BadRequestError, match="adapter_config.json"):
         reg.resolve(str(tmp_path))
     with pytest.raises(BadRequestError):

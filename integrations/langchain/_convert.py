@@ -1,8 +1,8 @@
 """Pure converters between LangChain messages and the engine's wire format.
 
-``_convert_message_to_dict`` turns a LangChain message into the OpenAI-style dict the engine
-takes; ``_delta_to_chunk`` turns one engine :class:`~vllm_inline.engine.Delta` into one
-``AIMessageChunk`` and ``_delta_to_generation_chunk`` into the ``ChatGenerationChunk`` a
+``convert_message_to_dict`` turns a LangChain message into the OpenAI-style dict the engine
+takes; ``delta_to_chunk`` turns one engine :class:`~vllm_inline.engine.Delta` into one
+``AIMessageChunk`` and ``delta_to_generation_chunk`` into the ``ChatGenerationChunk`` a
 stream yields. They are shared by the sync and async streams of ``ChatVLLM`` and import
 neither vLLM nor torch.
 """
@@ -29,11 +29,9 @@ from langchain_core.outputs import ChatGenerationChunk
 from vllm_inline.engine import BadRequestError, Delta, TokenLogprob, ToolCallDelta, Usage
 
 __all__ = [
-    "_convert_message_to_dict",
-    "_delta_to_chunk",
-    "_delta_to_generation_chunk",
-    "_logprobs_to_dict",
-    "_usage_to_metadata",
+    "convert_message_to_dict",
+    "delta_to_chunk",
+    "delta_to_generation_chunk",
 ]
 
 # Content blocks of an AI message that are not text for the model: reasoning shown to the user
@@ -67,7 +65,7 @@ def _text_content(content: str | Sequence[Any], where: str, *, role: str) -> str
     return "\n".join(texts)
 
 
-def _convert_message_to_dict(message: BaseMessage, where: str = "message") -> dict[str, Any]:
+def convert_message_to_dict(message: BaseMessage, where: str = "message") -> dict[str, Any]:
     """One LangChain message as an OpenAI-style chat dict (text only)."""
     if isinstance(message, SystemMessage):
         role = "system"
@@ -149,7 +147,7 @@ def _tool_call_chunks(calls: Sequence[ToolCallDelta]) -> list[ToolCallChunk]:
     return list(merged.values())
 
 
-def _delta_to_chunk(delta: Delta, model_name: str) -> AIMessageChunk:
+def delta_to_chunk(delta: Delta, model_name: str) -> AIMessageChunk:
     """One engine delta as one ``AIMessageChunk``.
 
     Text goes to ``content``; reasoning to ``additional_kwargs["reasoning_content"]`` (which
@@ -190,8 +188,8 @@ _EMPTY_MESSAGE = AIMessageChunk(content="")
 _EMPTY_GENERATION = ChatGenerationChunk(message=_EMPTY_MESSAGE)
 
 
-def _delta_to_generation_chunk(delta: Delta, model_name: str) -> ChatGenerationChunk:
-    """One engine delta as the ``ChatGenerationChunk`` of a stream (see ``_delta_to_chunk``)."""
+def delta_to_generation_chunk(delta: Delta, model_name: str) -> ChatGenerationChunk:
+    """One engine delta as the ``ChatGenerationChunk`` of a stream (see ``delta_to_chunk``)."""
     if (
         delta.reasoning
         or delta.tool_calls
@@ -199,7 +197,7 @@ def _delta_to_generation_chunk(delta: Delta, model_name: str) -> ChatGenerationC
         or delta.finish_reason is not None
         or delta.usage is not None
     ):
-        return ChatGenerationChunk(message=_delta_to_chunk(delta, model_name))
+        return ChatGenerationChunk(message=delta_to_chunk(delta, model_name))
     message = _EMPTY_MESSAGE.model_copy(
         update={
             "content": delta.text,

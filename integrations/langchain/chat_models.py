@@ -35,9 +35,10 @@ from pydantic import ConfigDict, Field, model_validator
 from typing_extensions import Self
 
 from vllm_inline.engine import BadRequestError, Engine, get_engine
+from vllm_inline.engine.messages import validate_tool_choice
 from vllm_inline.engine.sampling import check_sampling
 
-from ._convert import _convert_message_to_dict, _delta_to_generation_chunk
+from ._convert import convert_message_to_dict, delta_to_generation_chunk
 
 __all__ = ["ChatVLLM"]
 
@@ -225,7 +226,7 @@ class ChatVLLM(BaseChatModel):
         ``ChatTemplateError``; ``langchain_core.messages.utils.count_tokens_approximately``
         counts any list.
         """
-        wire = [_convert_message_to_dict(m, f"messages[{i}]") for i, m in enumerate(messages)]
+        wire = [convert_message_to_dict(m, f"messages[{i}]") for i, m in enumerate(messages)]
         formatted = [convert_to_openai_tool(t) for t in tools] if tools else None
         ids = self.engine.prompt_token_ids(
             wire,
@@ -271,7 +272,7 @@ class ChatVLLM(BaseChatModel):
         A call's ``model=...`` picks another model's shared engine (same ``vllm_kwargs``).
         """
         model = kwargs.pop("model", None) or self.model
-        wire = [_convert_message_to_dict(m, f"messages[{i}]") for i, m in enumerate(messages)]
+        wire = [convert_message_to_dict(m, f"messages[{i}]") for i, m in enumerate(messages)]
         request = self._request_kwargs(stop, kwargs)
         return get_engine(model, **self.vllm_kwargs), model, wire, request
 
@@ -285,7 +286,7 @@ class ChatVLLM(BaseChatModel):
         """The sync stream: ``(choice index, chunk)`` per engine delta, callback fired."""
         engine, model, wire, request = self._prepare(messages, stop, kwargs)
         for delta in engine.stream(wire, **request):
-            chunk = _delta_to_generation_chunk(delta, model)
+            chunk = delta_to_generation_chunk(delta, model)
             if run_manager:
                 run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield delta.index, chunk
@@ -300,7 +301,7 @@ class ChatVLLM(BaseChatModel):
         """The async stream: ``(choice index, chunk)`` per engine delta, callback fired."""
         engine, model, wire, request = self._prepare(messages, stop, kwargs)
         async for delta in engine.astream(wire, **request):
-            chunk = _delta_to_generation_chunk(delta, model)
+            chunk = delta_to_generation_chunk(delta, model)
             if run_manager:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield delta.index, chunk
@@ -374,10 +375,8 @@ class ChatVLLM(BaseChatModel):
         the declared arguments.
         """
         formatted = [convert_to_openai_tool(t, strict=strict) for t in tools]
-        if tool_choice is not None and tool_choice is not False:
-            kwargs["tool_choice"] = _normalize_tool_choice(tool_choice, formatted)
-        elif tool_choice is False:
-            kwargs["tool_choice"] = "none"
+        if tool_choice is not None:
+            kwargs["tool_choice"] = validate_tool_choice(tool_choice, formatted)
         return super().bind(tools=formatted, **kwargs)
 
     def with_structured_output(
@@ -439,26 +438,6 @@ class ChatVLLM(BaseChatModel):
         return RunnableMap(raw=llm) | parsed.with_fallbacks(
             [unparsed], exception_key="parsing_error"
         )
-
-
-def _normalize_tool_choice(
-    tool_choice: dict[str, Any] | str | bool, tools: list[dict[str, Any]]
-) -> str:
-    """``tool_choice`` as the engine takes it: "auto", "none", "required" or a tool name."""
-    names = [t["function"]["name"] for t in tools]
-    choice: Any = tool_choice
-    if choice is True or choice == "any":
-        choice = "required"
-    elif isinstance(choice, Mapping):
-        function = choice.get("function")
-        choice = function.get("name") if isinstance(function, Mapping) else choice.get("name")
-    if choice in ("auto", "none", "required") or (isinstance(choice, str) and choice in names):
-        return choice
-    raise BadRequestError.invalid(
-        "tool_choice",
-        tool_choice,
-        f"'auto', 'none', 'required'/'any'/True or the name of a bound tool {names}",
-    )
 
 
 def _json_schema(schema: dict[str, Any] | type) -> dict[str, Any]:

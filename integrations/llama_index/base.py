@@ -21,10 +21,9 @@ from llama_index.core.base.llms.types import (
     CompletionResponseGen,
     LLMMetadata,
     MessageRole,
-    TextBlock,
     ToolCallBlock,
 )
-from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr, ValidationError
+from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr
 from llama_index.core.instrumentation.events.llm import (
     LLMStructuredPredictEndEvent,
     LLMStructuredPredictStartEvent,
@@ -36,10 +35,18 @@ from llama_index.core.prompts import PromptTemplate
 from llama_index.core.types import Model, PydanticProgramMode
 
 from vllm_inline.engine import BadRequestError, Engine, get_engine
-from vllm_inline.engine.messages import validate_tool_choice, validate_tools
 from vllm_inline.engine.sampling import DEFAULTS, check_sampling, layer_sampling
 
-from .utils import ResponseBuilder, to_completion_response, to_engine_messages, tool_selections
+from .utils import (
+    PartialParser,
+    ResponseBuilder,
+    aaggregate,
+    aggregate,
+    parse_structured,
+    to_completion_response,
+    to_engine_messages,
+    tool_selections,
+)
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
@@ -205,7 +212,8 @@ class VLLM(FunctionCallingLLM):
         messages: Sequence[ChatMessage] | None = None,
         prompt: str | None = None,
     ) -> dict[str, Any]:
-        """Engine arguments for one call: fields under call kwargs, all checked up front."""
+        """Engine arguments for one call: fields under call kwargs (the engine checks them when
+        :meth:`_stream` or :meth:`_astream` hands them over, before anything starts)."""
         kwargs = dict(kwargs)
         if kwargs.get("stop") is not None and self.stop is not None:
             raise BadRequestError(
@@ -215,11 +223,9 @@ class VLLM(FunctionCallingLLM):
             )
         options = {k: kwargs.pop(k) for k in _REQUEST_OPTIONS if k in kwargs}
         fields = {k: getattr(self, k) for k in _SAMPLING_FIELDS}
-        sampling = check_sampling(layer_sampling(fields, self.additional_kwargs, kwargs))
+        sampling = layer_sampling(fields, self.additional_kwargs, kwargs)
         if sampling.get("n", 1) != 1:
             raise BadRequestError.invalid("n", sampling["n"], "VLLM returns one answer: n must be 1")
-        tools = validate_tools(options.get("tools"))
-        validate_tool_choice(options.get("tool_choice"), tools)
         request = layer_sampling(
             {
                 "chat_template": self.chat_template,
@@ -234,24 +240,19 @@ class VLLM(FunctionCallingLLM):
         if "lora" in options and options["lora"] is None:
             request.pop("lora", None)  # a call's lora=None: the base model, whatever the field
         if prompt is not None:
-            if not isinstance(prompt, str):
-                raise BadRequestError.invalid("prompt", prompt, "a string")
             request["prompt"] = prompt
         else:
             request["messages"] = to_engine_messages(messages or [])
         return request
 
     def _stream(self, request: dict[str, Any]) -> Iterator[ChatResponse]:
-        """The one sync path: the engine's deltas as cumulative responses."""
-        builder = ResponseBuilder()
-        for delta in self.engine.stream(**request):
-            yield builder.push(delta)
+        """The one sync path: the engine's deltas as cumulative responses (a bad request
+        raises here, at the call, not at the first response)."""
+        return ResponseBuilder().responses(self.engine.stream(**request))
 
-    async def _astream(self, request: dict[str, Any]) -> AsyncIterator[ChatResponse]:
+    def _astream(self, request: dict[str, Any]) -> AsyncIterator[ChatResponse]:
         """The one async path: the engine's deltas as cumulative responses."""
-        builder = ResponseBuilder()
-        async for delta in self.engine.astream(**request):
-            yield builder.push(delta)
+        return ResponseBuilder().aresponses(self.engine.astream(**request))
 
     def _chat_request(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> dict[str, Any]:
         """A completion as a request: through the chat template, or as is (``formatted``)."""
@@ -264,7 +265,7 @@ class VLLM(FunctionCallingLLM):
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Chat; the aggregate of :meth:`stream_chat`."""
-        return _aggregate(self._stream(self._request(kwargs, messages)))
+        return aggregate(self._stream(self._request(kwargs, messages)))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
@@ -274,7 +275,7 @@ class VLLM(FunctionCallingLLM):
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Async chat; the aggregate of :meth:`astream_chat`."""
-        return await _aaggregate(self._astream(self._request(kwargs, messages)))
+        return await aaggregate(self._astream(self._request(kwargs, messages)))
 
     @llm_chat_callback()
     async def astream_chat(
@@ -288,7 +289,7 @@ class VLLM(FunctionCallingLLM):
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Complete ``prompt`` as a user turn (chat template), or as is with ``formatted=True``."""
-        return to_completion_response(_aggregate(self._stream(self._chat_request(prompt, formatted, kwargs))))
+        return to_completion_response(aggregate(self._stream(self._chat_request(prompt, formatted, kwargs))))
 
     @llm_completion_callback()
     def stream_complete(
@@ -304,7 +305,7 @@ class VLLM(FunctionCallingLLM):
     ) -> CompletionResponse:
         """Async :meth:`complete`."""
         request = self._chat_request(prompt, formatted, kwargs)
-        return to_completion_response(await _aaggregate(self._astream(request)))
+        return to_completion_response(await aaggregate(self._astream(request)))
 
     @llm_completion_callback()
     async def astream_complete(
@@ -406,7 +407,7 @@ class VLLM(FunctionCallingLLM):
             LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args)
         )
         messages, kwargs = self._structured_request(output_cls, prompt, llm_kwargs, prompt_args)
-        result = _parse_structured(output_cls, self.chat(messages, **kwargs))
+        result = parse_structured(output_cls, self.chat(messages, **kwargs))
         dispatcher.event(LLMStructuredPredictEndEvent(output=result))
         return result
 
@@ -425,7 +426,7 @@ class VLLM(FunctionCallingLLM):
             LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args)
         )
         messages, kwargs = self._structured_request(output_cls, prompt, llm_kwargs, prompt_args)
-        result = _parse_structured(output_cls, await self.achat(messages, **kwargs))
+        result = parse_structured(output_cls, await self.achat(messages, **kwargs))
         dispatcher.event(LLMStructuredPredictEndEvent(output=result))
         return result
 
@@ -443,7 +444,7 @@ class VLLM(FunctionCallingLLM):
         responses = self.stream_chat(messages, **kwargs)
 
         def gen() -> Iterator[Any]:
-            parse = _PartialParser(self, output_cls)
+            parse = PartialParser(self, output_cls)
             for response in responses:
                 yield parse(response)
             yield from parse.finish()
@@ -464,74 +465,10 @@ class VLLM(FunctionCallingLLM):
         responses = await self.astream_chat(messages, **kwargs)
 
         async def gen() -> AsyncIterator[Any]:
-            parse = _PartialParser(self, output_cls)
+            parse = PartialParser(self, output_cls)
             async for response in responses:
                 yield parse(response)
             for final in parse.finish():
                 yield final
 
         return gen()
-
-
-# -- helpers ---------------------------------------------------------------------------------
-
-
-def _final(last: ChatResponse | None) -> ChatResponse:
-    if last is None:
-        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, blocks=[TextBlock(text="")]))
-    return last.model_copy(update={"delta": None})
-
-
-def _aggregate(responses: Iterator[ChatResponse]) -> ChatResponse:
-    """The non-streaming answer: the last cumulative response (it carries usage)."""
-    last = None
-    for last in responses:
-        pass
-    return _final(last)
-
-
-async def _aaggregate(responses: AsyncIterator[ChatResponse]) -> ChatResponse:
-    last = None
-    async for last in responses:
-        pass
-    return _final(last)
-
-
-def _parse_structured(output_cls: type[Model], response: ChatResponse) -> Model:
-    text = response.message.content or ""
-    try:
-        return output_cls.model_validate_json(text)
-    except ValidationError as e:
-        finish = response.additional_kwargs.get("finish_reason")
-        hint = " Raise max_tokens." if finish == "length" else ""
-        msg = f"The model's JSON does not validate as {output_cls.__name__} (finish_reason={finish!r}).{hint} Output: {text[:200]!r}"
-        raise ValueError(msg) from e
-
-
-class _PartialParser:
-    """LlamaIndex's partial-JSON parsing of a streaming structured answer."""
-
-    def __init__(self, llm: VLLM, output_cls: type[BaseModel]) -> None:
-        self._llm = llm
-        self._output_cls = output_cls
-        self._objects: list[Any] | None = None
-        self.last: ChatResponse | None = None
-
-    def __call__(self, response: ChatResponse) -> Any:
-        from llama_index.core.program.utils import process_streaming_objects
-
-        self.last = response
-        obj = process_streaming_objects(
-            response, self._output_cls, cur_objects=self._objects, flexible_mode=True, llm=self._llm
-        )
-        self._objects = obj if isinstance(obj, list) else [obj]
-        return obj
-
-    def finish(self) -> list[Any]:
-        """The validated object, if the last partial one was not complete yet (raises if the
-        whole answer does not validate)."""
-        if self.last is None:
-            return []
-        final = _parse_structured(self._output_cls, self.last)
-        done = self._objects is not None and isinstance(self._objects[0], self._output_cls)
-        return [] if done else [final]

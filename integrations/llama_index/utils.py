@@ -2,14 +2,16 @@
 
 Nothing here talks to an engine: :func:`to_engine_messages` turns ``ChatMessage`` objects into
 the chat dicts the engine renders with the model's template, :class:`ResponseBuilder` turns the
-engine's :class:`~vllm_inline.engine.Delta` objects into cumulative ``ChatResponse`` objects, and
-:func:`tool_selections` reads the tool calls of a response back as ``ToolSelection`` objects.
+engine's :class:`~vllm_inline.engine.Delta` objects into cumulative ``ChatResponse`` objects,
+:func:`aggregate` makes the non-streaming answer of them, :func:`tool_selections` reads the tool
+calls of a response back as ``ToolSelection`` objects, and :func:`parse_structured` /
+:class:`PartialParser` read a structured (JSON-constrained) answer.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,13 +25,19 @@ from llama_index.core.base.llms.types import (
     ThinkingBlock,
     ToolCallBlock,
 )
+from llama_index.core.bridge.pydantic import BaseModel, ValidationError
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.llms.utils import parse_partial_json
+from llama_index.core.types import Model
 
 from vllm_inline.engine import BadRequestError, Delta, Usage
 
 __all__ = [
+    "PartialParser",
     "ResponseBuilder",
+    "aaggregate",
+    "aggregate",
+    "parse_structured",
     "to_completion_response",
     "to_engine_messages",
     "tool_selections",
@@ -224,11 +232,15 @@ class ResponseBuilder:
             ]
         return ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks, additional_kwargs=additional)
 
-    def result(self) -> ChatResponse:
-        """The aggregated (non-streaming) response: the last one, without a ``delta``."""
-        if self.last is None:
-            return ChatResponse(message=self.message())
-        return self.last.model_copy(update={"delta": None})
+    def responses(self, deltas: Iterable[Delta]) -> Iterator[ChatResponse]:
+        """One cumulative response per delta of ``deltas``."""
+        for delta in deltas:
+            yield self.push(delta)
+
+    async def aresponses(self, deltas: AsyncIterable[Delta]) -> AsyncIterator[ChatResponse]:
+        """One cumulative response per delta of ``deltas`` (async)."""
+        async for delta in deltas:
+            yield self.push(delta)
 
 
 def to_completion_response(response: ChatResponse) -> CompletionResponse:
@@ -267,3 +279,70 @@ def tool_selections(blocks: Iterable[Any]) -> list[ToolSelection]:
             )
         )
     return selections
+
+
+# -- aggregation and structured answers ---------------------------------------------------
+
+
+def _final(last: ChatResponse | None) -> ChatResponse:
+    """The last cumulative response as the whole answer (no ``delta``)."""
+    if last is None:
+        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, blocks=[TextBlock(text="")]))
+    return last.model_copy(update={"delta": None})
+
+
+def aggregate(responses: Iterator[ChatResponse]) -> ChatResponse:
+    """The non-streaming answer: the last cumulative response (it carries usage)."""
+    last = None
+    for last in responses:
+        pass
+    return _final(last)
+
+
+async def aaggregate(responses: AsyncIterator[ChatResponse]) -> ChatResponse:
+    """The async form of :func:`aggregate`."""
+    last = None
+    async for last in responses:
+        pass
+    return _final(last)
+
+
+def parse_structured(output_cls: type[Model], response: ChatResponse) -> Model:
+    """``output_cls`` validated from the answer's JSON; a clear ``ValueError`` otherwise."""
+    text = response.message.content or ""
+    try:
+        return output_cls.model_validate_json(text)
+    except ValidationError as e:
+        finish = response.additional_kwargs.get("finish_reason")
+        hint = " Raise max_tokens." if finish == "length" else ""
+        msg = f"The model's JSON does not validate as {output_cls.__name__} (finish_reason={finish!r}).{hint} Output: {text[:200]!r}"
+        raise ValueError(msg) from e
+
+
+class PartialParser:
+    """LlamaIndex's partial-JSON parsing of a streaming structured answer."""
+
+    def __init__(self, llm: Any, output_cls: type[BaseModel]) -> None:
+        self._llm = llm
+        self._output_cls = output_cls
+        self._objects: list[Any] | None = None
+        self.last: ChatResponse | None = None
+
+    def __call__(self, response: ChatResponse) -> Any:
+        from llama_index.core.program.utils import process_streaming_objects
+
+        self.last = response
+        obj = process_streaming_objects(
+            response, self._output_cls, cur_objects=self._objects, flexible_mode=True, llm=self._llm
+        )
+        self._objects = obj if isinstance(obj, list) else [obj]
+        return obj
+
+    def finish(self) -> list[Any]:
+        """The validated object, if the last partial one was not complete yet (raises if the
+        whole answer does not validate)."""
+        if self.last is None:
+            return []
+        final = parse_structured(self._output_cls, self.last)
+        done = self._objects is not None and isinstance(self._objects[0], self._output_cls)
+        return [] if done else [final]

@@ -1,0 +1,123 @@
+"""Generation: the request path from a checked request to :class:`~.deltas.Delta` objects.
+
+:func:`generate` is the one streaming path, on the engine loop, under :meth:`Runtime.guard
+<.runtime.Runtime.guard>`:
+
+1. render the prompt (:mod:`.render`);
+2. final sampling values (:func:`.sampling.final_sampling`: defaults, the model's
+   generation_config, the call's, the stop policy) and the output parsers (:mod:`.parsing`);
+3. the LoRA request (:mod:`.lora`), then vLLM's ``AsyncLLM.generate`` in DELTA mode;
+4. each output's new text and token ids go through the choice's parser, and a :class:`Delta`
+   is built here, in :func:`generate`'s loop.
+
+:meth:`Engine.astream <vllm_inline.engine.Engine.astream>` and ``stream`` hand its deltas to the
+caller through :mod:`.bridge`; closing the stream closes this generator, which aborts the request.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from .deltas import Delta, TokenLogprob, Usage
+from .lora import lora_request
+from .parsing import OutputParser, make_parser_factory
+from .render import render
+from .request import Request
+from .runtime import Runtime
+from .sampling import final_sampling
+
+__all__ = ["generate"]
+
+_request_ids = itertools.count()
+
+
+async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
+    """Stream ``request``'s answer as deltas; runs on the engine loop (see :mod:`.bridge`)."""
+    from . import _vllm
+
+    async with runtime.guard("stream", runner="generate") as llm:
+        engine_input = await render(runtime, request)
+        prompt_ids = list(engine_input["prompt_token_ids"])
+        prompt_tokens = len(prompt_ids)
+        values = final_sampling(
+            request.sampling,
+            model_defaults=runtime.model_defaults,
+            stop_token_ids=runtime.stop_policy.stop_token_ids,
+            max_model_len=runtime.max_model_len,
+            prompt_tokens=prompt_tokens,
+        )
+        make_parser = make_parser_factory(
+            tokenizer=runtime.tokenizer,
+            model_config=llm.model_config,
+            model=runtime.model,
+            family=runtime.stop_policy.family,
+            messages=request.messages,
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+            tool_parser=request.tool_parser,
+            reasoning_parser=request.reasoning_parser,
+            chat_template_kwargs=request.chat_template_kwargs,
+        )
+        if not make_parser.skip_special_tokens:
+            values.setdefault("skip_special_tokens", False)
+        structured = request.structured_outputs or make_parser.structured_outputs
+        params = _vllm.make_sampling_params(values, structured)
+        lora = await lora_request(runtime, request.lora)
+        parsers: dict[int, OutputParser] = {}
+        completion_tokens = 0
+        pending_ids: dict[int, list[int]] = {}
+        request_id = f"vllm-inline-{next(_request_ids)}"
+        async for out in llm.generate(engine_input, params, request_id, lora_request=lora):
+            last = len(out.outputs) - 1
+            for k, c in enumerate(out.outputs):
+                completion_tokens += len(c.token_ids)
+                parser = parsers.get(c.index)
+                if parser is None:
+                    parser = parsers[c.index] = make_parser(prompt_ids)
+                finish = c.finish_reason
+                text, reasoning, tool_calls = parser.feed(c.text, c.token_ids, finish is not None)
+                if finish == "stop" and parser.called_tools:
+                    finish = "tool_calls"
+                usage = (
+                    Usage(len(out.prompt_token_ids or ()) or prompt_tokens, completion_tokens)
+                    if out.finished and k == last
+                    else None
+                )
+                ids = pending_ids.pop(c.index, []) + list(c.token_ids)
+                if not (text or reasoning or tool_calls or finish):
+                    pending_ids[c.index] = ids  # partial UTF-8: carried to the next delta
+                    continue
+                yield Delta(
+                    text=text,
+                    reasoning=reasoning,
+                    tool_calls=tool_calls,
+                    token_ids=tuple(ids),
+                    logprobs=_logprobs(c.logprobs, c.token_ids) if c.logprobs is not None else None,
+                    index=c.index,
+                    finish_reason=finish,
+                    stop_reason=c.stop_reason,
+                    usage=usage,
+                )
+
+
+def _logprobs(steps: Sequence[Mapping[int, Any]], token_ids: Sequence[int]) -> tuple[TokenLogprob, ...]:
+    """vLLM's per-step ``{token_id: Logprob}`` dicts as :class:`TokenLogprob` objects."""
+    out = []
+    for token_id, step in zip(token_ids, steps):
+        chosen = step.get(token_id)
+        ranked = sorted(step.items(), key=lambda kv: kv[1].rank or 0)
+        out.append(
+            TokenLogprob(
+                token=(chosen.decoded_token or "") if chosen else "",
+                token_id=token_id,
+                logprob=float(chosen.logprob) if chosen else float("-inf"),
+                top_logprobs=tuple(
+                    (lp.decoded_token or "", float(lp.logprob))
+                    for tid, lp in ranked
+                    if tid != token_id or len(step) == 1
+                ),
+            )
+        )
+    return tuple(out)

@@ -1,0 +1,219 @@
+"""A started engine: vLLM's ``AsyncLLM``, its loop thread and what was decided at start.
+
+:func:`start_runtime` brings one up (blocking, ~20 s on a CPU); :meth:`Engine.start
+<vllm_inline.engine.Engine.start>` calls it once and keeps the :class:`Runtime` until shutdown.
+Every piece of work on the engine loop (a stream, an embedding call, a prompt rendering) runs
+under :meth:`Runtime.guard`: the one place that registers the task for shutdown, refuses work on
+a dead engine or the wrong runner, and maps vLLM's exceptions onto :mod:`.errors`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from .bridge import LoopThread
+from .errors import (
+    EngineDeadError,
+    EngineShutdownError,
+    ModelLoadError,
+    UnsupportedTaskError,
+    VLLMInlineError,
+)
+from .stops import StopPolicy, decide_stop_policy
+from .templates import TemplateChoice, resolve_chat_template
+
+__all__ = ["Runtime", "require_runner", "start_runtime"]
+
+logger = logging.getLogger("vllm_inline")
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+_SHUTDOWN_TIMEOUT_S = 3.0
+
+
+@dataclass(eq=False)
+class Runtime:
+    """One running ``AsyncLLM`` and the decisions made when it started."""
+
+    model: str
+    """Model path or hub id, as given to :func:`~vllm_inline.engine.get_engine`."""
+    llm: Any
+    """vLLM's ``AsyncLLM`` (``None`` once shut down)."""
+    loop: LoopThread
+    """The event-loop thread the ``AsyncLLM`` is bound to; all engine work runs there."""
+    tokenizer: Any
+    """The model's tokenizer, as vLLM loaded it."""
+    template: TemplateChoice
+    """The chat template chosen at start (the model's own, or a family fallback)."""
+    stop_policy: StopPolicy
+    """The end-of-turn token ids sent with every request."""
+    model_defaults: dict[str, Any]
+    """Sampling values from the model's ``generation_config.json``."""
+    max_model_len: int
+    """The context window in tokens."""
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    """Work in flight on the loop (cancelled by :meth:`shutdown`)."""
+    loaded_adapters: set[int] = field(default_factory=set)
+    """LoRA adapter ids (and markers, see :mod:`.lora`) already loaded into this ``AsyncLLM``."""
+    closing: bool = False
+    """True once :meth:`shutdown` began: cancelled work ends with :class:`EngineShutdownError`."""
+
+    @asynccontextmanager
+    async def guard(self, what: str, runner: str | None = None) -> AsyncIterator[Any]:
+        """Run a piece of work on the engine loop; yields the ``AsyncLLM``.
+
+        ``what`` names the work in errors ("stream", "embedding call"); ``runner`` (vLLM's
+        ``"generate"`` or ``"pooling"``), when given, is the runner the work needs.
+        """
+        task = asyncio.current_task()
+        assert task is not None, "Runtime.guard runs on the engine loop"
+        self.tasks.add(task)
+        try:
+            llm = self.llm
+            if llm is None or llm.errored:
+                raise EngineDeadError(
+                    f"The vLLM engine for {self.model!r} is dead. Call engine.restart() to start "
+                    "a new one."
+                )
+            if runner is not None:
+                require_runner(self.model, llm, runner)
+            yield llm
+        except asyncio.CancelledError:
+            if self.closing:
+                raise EngineShutdownError(
+                    f"The engine for {self.model!r} was shut down while this {what} ran."
+                ) from None
+            raise
+        except VLLMInlineError:
+            raise
+        except Exception as e:
+            from . import _vllm
+
+            mapped = _vllm.map_error(e, self.model)
+            if mapped is None:
+                raise
+            raise mapped from e
+        finally:
+            self.tasks.discard(task)
+
+    def shutdown(self) -> None:
+        """Cancel the work in flight, stop vLLM and the loop thread (call once)."""
+        self.closing = True
+        llm = self.llm
+
+        async def close() -> None:
+            for task in list(self.tasks):
+                task.cancel()
+            if self.tasks:
+                await asyncio.wait(list(self.tasks), timeout=5)
+            # vLLM waits 5 s for the engine-core process by default and then kills it anyway
+            # (its worker has exited by then); 3 s lets a script end sooner.
+            llm.shutdown(timeout=_SHUTDOWN_TIMEOUT_S)
+
+        try:
+            self.loop.submit(close()).result(timeout=30)
+        except Exception:  # noqa: BLE001 - a dead engine still has to let go of its thread
+            logger.warning("vllm-inline: engine %s did not shut down cleanly", self.model, exc_info=True)
+        self.loop.stop()
+        self.llm = None
+        gc.collect()  # run AsyncLLM.__del__ now, while the interpreter is whole
+
+
+def require_runner(model: str, llm: Any, wanted: str) -> None:
+    """Raise :class:`UnsupportedTaskError` unless the engine runs vLLM's ``wanted`` runner."""
+    from . import _vllm_pooling
+
+    have = _vllm_pooling.runner_type(llm)
+    if have == wanted:
+        return
+    if wanted == "pooling":
+        message = (
+            f"The engine for {model!r} runs vLLM's {have!r} runner, which cannot embed. Embeddings "
+            f"need a pooling engine: get_engine({model!r}, runner='pooling', ...) (VLLMEmbeddings "
+            "and VLLMEmbedding start one). vLLM converts a *ForCausalLM checkpoint into an "
+            "embedder under runner='pooling' (convert='embed')."
+        )
+    else:
+        message = (
+            f"The engine for {model!r} runs vLLM's {have!r} runner (embeddings) and cannot "
+            f"generate text: call engine.embed(...) on it, or chat through a generation engine, "
+            f"get_engine({model!r}, ...) without runner='pooling'."
+        )
+    raise UnsupportedTaskError(message, parameter="model", value=model)
+
+
+# -- start ------------------------------------------------------------------------------------
+
+
+def start_runtime(model: str, vllm_kwargs: Mapping[str, Any]) -> Runtime:
+    """Start vLLM for ``model`` on a new loop thread and decide template and stop policy."""
+    _preflight(model, vllm_kwargs)
+    loop = LoopThread(name=f"vllm-inline:{os.path.basename(model.rstrip('/'))}")
+    try:
+        llm = loop.submit(_build(model, vllm_kwargs)).result()
+    except BaseException as e:
+        loop.stop()
+        if isinstance(e, VLLMInlineError):
+            raise
+        raise ModelLoadError(
+            f"vLLM could not start an engine for {model!r} with {dict(vllm_kwargs)}: "
+            f"{type(e).__name__}: {e}"
+        ) from e
+    tokenizer = llm.get_tokenizer()
+    vocab = tokenizer.get_vocab()
+    template = resolve_chat_template(getattr(tokenizer, "chat_template", None), vocab)
+    generation_config = llm.model_config.try_get_generation_config() or {}
+    policy = decide_stop_policy(
+        vocab, tokenizer.eos_token_id, generation_config.get("eos_token_id"), template.source
+    )
+    runtime = Runtime(
+        model=model,
+        llm=llm,
+        loop=loop,
+        tokenizer=tokenizer,
+        template=template,
+        stop_policy=policy,
+        model_defaults=dict(llm.model_config.get_diff_sampling_param()),
+        max_model_len=int(llm.model_config.max_model_len),
+    )
+    logger.info(
+        "vllm-inline engine started: model=%s template=%s stop_ids=%s (%s)",
+        model, template.source, list(policy.stop_token_ids), ", ".join(policy.stop_tokens),
+    )
+    return runtime
+
+
+def _preflight(model: str, vllm_kwargs: Mapping[str, Any]) -> None:
+    """Checks that need no engine: the model path and its tokenizer."""
+    path = os.path.expanduser(model)
+    path_like = path.startswith(("/", "./", "../", "~")) or path.count("/") > 1
+    if not os.path.exists(path):
+        if path_like:
+            raise ModelLoadError(
+                f"Model path {model!r} does not exist. Pass an existing local directory "
+                "or a hub id such as 'Qwen/Qwen3-0.6B'."
+            )
+        return
+    if os.path.isdir(path) and "tokenizer" not in vllm_kwargs:
+        if not any(os.path.exists(os.path.join(path, f)) for f in _TOKENIZER_FILES):
+            raise ModelLoadError(
+                f"Model directory {model!r} has no tokenizer (none of "
+                f"{', '.join(_TOKENIZER_FILES)}). Save the tokenizer next to the weights or "
+                "pass vllm_kwargs={'tokenizer': '<path or hub id>'}."
+            )
+
+
+async def _build(model: str, vllm_kwargs: Mapping[str, Any]) -> Any:
+    # Built on the loop thread, so vLLM's output handler binds to this loop. vLLM is first
+    # imported here too: some of its modules keep import-time tracebacks, which would keep
+    # the caller's frames (and through them the engine) alive until interpreter exit.
+    from . import _vllm
+
+    _vllm.check_engine_kwargs(model, vllm_kwargs)
+    return _vllm.start_engine(model, vllm_kwargs)
