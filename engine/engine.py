@@ -218,9 +218,7 @@ class Engine:
         renderer. ``len(...)`` is the exact prompt size, e.g. to check it against
         :attr:`max_model_len` or to trim a conversation. Starts the engine.
         """
-        options = {"prompt": prompt, "tools": tools, "chat_template": chat_template,
-                   "chat_template_kwargs": chat_template_kwargs}
-        request = self._request(messages, options)
+        request = self._request(messages, _render_options(prompt, tools, chat_template, chat_template_kwargs))
         return await self._arun(lambda runtime: render.prompt_token_ids(runtime, request))
 
     def prompt_token_ids(
@@ -233,9 +231,7 @@ class Engine:
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """The synchronous form of :meth:`aprompt_token_ids` (same arguments, same ids)."""
-        options = {"prompt": prompt, "tools": tools, "chat_template": chat_template,
-                   "chat_template_kwargs": chat_template_kwargs}
-        request = self._request(messages, options)
+        request = self._request(messages, _render_options(prompt, tools, chat_template, chat_template_kwargs))
         return self._run(
             lambda runtime: render.prompt_token_ids(runtime, request),
             instead="engine.aprompt_token_ids(...)",
@@ -262,6 +258,14 @@ class Engine:
         :meth:`.bridge.LoopThread.run`); ``KeyboardInterrupt`` cancels it."""
         runtime = self._started()
         return runtime.loop.run(job(runtime), instead=instead)
+
+
+def _render_options(
+    prompt: str | None, tools: Any, chat_template: str | None, chat_template_kwargs: Any
+) -> dict[str, Any]:
+    """The request options of ``prompt_token_ids``: what rendering takes, no sampling."""
+    return {"prompt": prompt, "tools": tools, "chat_template": chat_template,
+            "chat_template_kwargs": chat_template_kwargs}
 
 
 # -- the registry --------------------------------------------------------------------------

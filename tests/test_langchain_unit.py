@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 import vllm_inline.integrations.langchain as lc
 from vllm_inline.engine import BadRequestError, Delta, TokenLogprob, ToolCallDelta, Usage
 from vllm_inline.integrations.langchain import ChatVLLM
-from vllm_inline.integrations.langchain._convert import (
+from vllm_inline.integrations.langchain.convert import (
     convert_message_to_dict,
     delta_to_chunk,
     delta_to_generation_chunk,

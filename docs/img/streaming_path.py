@@ -15,7 +15,7 @@ BOXES = {
     # name: (x, y, w, h, title, body, colour)
     "core": (0.3, 4.0, 3.3, 1.5, "vLLM engine core", "its own process (spawned)\nscheduler + model\ncontinuous batching", "#fde2c8"),
     "async": (4.4, 4.0, 3.4, 1.5, "AsyncLLM.generate()", "SamplingParams(output_kind=DELTA)\none RequestOutput per step:\nonly the new text + token ids", "#fde2c8"),
-    "engine": (8.6, 4.0, 3.4, 1.5, "Engine._generate", "on the engine's loop thread:\nstop policy, tool/reasoning\nparsers -> Delta", "#d5e8f7"),
+    "engine": (8.6, 4.0, 3.4, 1.5, "generate.generate", "on the engine's loop thread:\nrender, sampling, parsers\n-> Delta", "#d5e8f7"),
     "bridge": (6.5, 2.1, 3.4, 1.3, "bridge (aiter_on / iter_on)", "hands each Delta to the caller's\nevent loop or thread as it comes", "#d5e8f7"),
     "lc": (4.4, 0.2, 3.4, 1.3, "LangChain: ChatVLLM", "_astream / _stream\nDelta -> AIMessageChunk", "#dff2d8"),
     "li": (8.6, 0.2, 3.4, 1.3, "LlamaIndex: VLLM", "astream_chat / stream_chat\nDelta -> ChatResponse(delta=...)", "#dff2d8"),

@@ -38,7 +38,7 @@ from vllm_inline.engine import BadRequestError, Engine, get_engine
 from vllm_inline.engine.messages import validate_tool_choice
 from vllm_inline.engine.sampling import check_sampling
 
-from ._convert import convert_message_to_dict, delta_to_generation_chunk
+from .convert import convert_message_to_dict, delta_to_generation_chunk
 
 __all__ = ["ChatVLLM"]
 

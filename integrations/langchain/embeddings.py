@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from langchain_core.embeddings import Embeddings
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field
 
 from vllm_inline.engine import Engine, get_engine
 from vllm_inline.engine.embeddings import DEFAULT_BATCH_SIZE, check_embed_options
@@ -56,7 +56,6 @@ class VLLMEmbeddings(BaseModel, Embeddings):
     batch_size: int = DEFAULT_BATCH_SIZE
     """Texts tokenized per batch; all of a call's texts are submitted concurrently. Default: 64."""
 
-    _engine: Engine | None = PrivateAttr(default=None)
 
     def __init__(self, **data: Any) -> None:
         # Bad options fail here, with the engine's typed error, before anything starts.
@@ -70,16 +69,7 @@ class VLLMEmbeddings(BaseModel, Embeddings):
     @property
     def engine(self) -> Engine:
         """The shared pooling engine for ``model`` and ``vllm_kwargs`` (starts nothing)."""
-        if self._engine is None:
-            self._engine = get_engine(self.model, **{"runner": "pooling", **self.vllm_kwargs})
-        return self._engine
-
-    def _options(self) -> dict[str, Any]:
-        return {
-            "truncate": self.truncate,
-            "normalize": self.normalize,
-            "batch_size": self.batch_size,
-        }
+        return get_engine(self.model, **{"runner": "pooling", **self.vllm_kwargs})
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         """One vector per text, in order."""
@@ -96,3 +86,6 @@ class VLLMEmbeddings(BaseModel, Embeddings):
     async def aembed_query(self, text: str) -> list[float]:
         """The vector of one query text, without blocking the event loop."""
         return (await self.engine.aembed([text], **self._options()))[0]
+
+    def _options(self) -> dict[str, Any]:
+        return self.model_dump(include={"truncate", "normalize", "batch_size"})

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import Field
 
 from vllm_inline.engine import Engine, get_engine
 from vllm_inline.engine.embeddings import DEFAULT_BATCH_SIZE, check_embed_options
@@ -55,7 +55,6 @@ class VLLMEmbedding(BaseEmbedding):
         description="Texts tokenized per engine batch (all submitted concurrently). Default: 64.",
     )
 
-    _engine: Engine | None = PrivateAttr(default=None)
 
     def __init__(self, model: str | None = None, **data: Any) -> None:
         if model is not None:
@@ -78,16 +77,7 @@ class VLLMEmbedding(BaseEmbedding):
     @property
     def engine(self) -> Engine:
         """The shared pooling engine for ``model`` and ``vllm_kwargs`` (starts nothing)."""
-        if self._engine is None:
-            self._engine = get_engine(self.model, **{"runner": "pooling", **self.vllm_kwargs})
-        return self._engine
-
-    def _options(self) -> dict[str, Any]:
-        return {
-            "truncate": self.truncate,
-            "normalize": self.normalize,
-            "batch_size": self.batch_size,
-        }
+        return get_engine(self.model, **{"runner": "pooling", **self.vllm_kwargs})
 
     def _get_query_embedding(self, query: str) -> Embedding:
         return self.engine.embed([query], **self._options())[0]
@@ -106,3 +96,6 @@ class VLLMEmbedding(BaseEmbedding):
 
     async def _aget_text_embeddings(self, texts: list[str]) -> list[Embedding]:
         return await self.engine.aembed(texts, **self._options())
+
+    def _options(self) -> dict[str, Any]:
+        return self.model_dump(include={"truncate", "normalize", "batch_size"})
