@@ -111,25 +111,15 @@ class Scenario:
 
 
 _ONCE = "Once upon a time"
-
-
-def _completion(family: str, stop: str) -> Chain:
-    return _chain(
-        family, " there", " lived", " a", " tiny", " model.", stop, " Unwanted", " continuation",
-        stop=stop,
-    )
-
-
 _QWEN_DEFAULTS = (("repetition_penalty", 1.05), ("temperature", 0.7), ("top_k", 20), ("top_p", 0.8))
 _TOOL_JSON = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
-_CHATML_TAIL = ("<|im_end|>", "<|im_start|>", "user\n", "A", " hallucinated", " turn")
-_LONG_WORDS = (
-    "alpha bravo charlie delta echo foxtrot golf hotel india juliett kilo lima mike november "
+_LONG_ANSWER = (
+    "Alpha bravo charlie delta echo foxtrot golf hotel india juliett kilo lima mike november "
     "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu mercury venus "
     "earth mars jupiter saturn uranus neptune red orange yellow green blue indigo violet white "
     "black grey apple banana cherry date fig grape lemon mango peach plum cat dog horse sheep "
     "goat cow"
-).split()
+)
 
 # The demo's embedded default model (``python -m vllm_inline demo``): a Llama-3 model whose
 # chat answer explains the package, one added token per word (no word repeats, so each token has
@@ -139,48 +129,68 @@ _DEMO_ANSWER = (
     "This answer streams one token at a time from the tiny scripted model built on this "
     "machine: nothing was downloaded. Set MODEL to any hub id (or local path) for real weights."
 )
-_DEMO_WORDS = _DEMO_ANSWER.split(" ")
+
+
+def _completion(family: str, stop: str) -> Chain:
+    return _chain(
+        family, " there", " lived", " a", " tiny", " model.", stop, " Unwanted", " continuation",
+        stop=stop,
+    )
+
+
+def _words(text: str) -> tuple[str, ...]:
+    """One script piece per word: the first word, then each next one with its leading space."""
+    first, *rest = text.split(" ")
+    return (first, *(" " + w for w in rest))
+
+
+def _llama3(name: str, *answer: str, **more: Any) -> Scenario:
+    """A Llama 3 model answering ``answer``, then ``<|eot_id|>`` and an invented turn."""
+    return Scenario(
+        name=name,
+        family="llama3",
+        chat=_chain(
+            "llama3", *answer, "<|eot_id|>", "\nUser:", " hallucinated", " turn",
+            stop="<|eot_id|>",
+        ),
+        tokenizer_eos="<|end_of_text|>",
+        eos_tokens=("<|end_of_text|>", "<|eot_id|>"),
+        chat_template=chat_template("llama3"),
+        generation_defaults=(("do_sample", True), ("temperature", 0.6), ("top_p", 0.9)),
+        **more,
+    )
+
+
+def _chatml_chain(*answer: str) -> Chain:
+    """``answer``, then ``<|im_end|>`` and an invented user turn."""
+    tail = ("<|im_end|>", "<|im_start|>", "user\n", "A", " hallucinated", " turn")
+    return _chain("chatml", *answer, *tail, stop="<|im_end|>")
+
+
+def _chatml(name: str, *answer: str, template: str = "qwen2.5", **more: Any) -> Scenario:
+    """A Qwen (ChatML) model answering ``answer`` with the Qwen2.5 or Qwen3 template."""
+    return Scenario(
+        name=name,
+        family="chatml",
+        chat=_chatml_chain(*answer),
+        tokenizer_eos="<|im_end|>",
+        eos_tokens=("<|im_end|>", "<|endoftext|>"),
+        chat_template=chat_template(template),
+        **more,
+    )
+
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
-        Scenario(
-            name="llama3",
-            family="llama3",
-            chat=_chain(
-                "llama3", "The", " answer", " is", " complete", ".",
-                "<|eot_id|>", "\nUser:", " hallucinated", " turn",
-                stop="<|eot_id|>",
-            ),
-            tokenizer_eos="<|end_of_text|>",
-            eos_tokens=("<|end_of_text|>", "<|eot_id|>"),
-            chat_template=chat_template("llama3"),
-            generation_defaults=(("do_sample", True), ("temperature", 0.6), ("top_p", 0.9)),
+        _llama3(
+            "llama3", "The", " answer", " is", " complete", ".",
             completion_prompt=_ONCE,
             completion=_completion("llama3", "<|end_of_text|>"),
         ),
-        Scenario(
-            name="demo",
-            family="llama3",
-            chat=_chain(
-                "llama3", _DEMO_WORDS[0], *(" " + w for w in _DEMO_WORDS[1:]),
-                "<|eot_id|>", "\nUser:", " hallucinated", " turn",
-                stop="<|eot_id|>",
-            ),
-            tokenizer_eos="<|end_of_text|>",
-            eos_tokens=("<|end_of_text|>", "<|eot_id|>"),
-            chat_template=chat_template("llama3"),
-            generation_defaults=(("do_sample", True), ("temperature", 0.6), ("top_p", 0.9)),
-        ),
-        Scenario(
-            name="chatml",
-            family="chatml",
-            chat=_chain(
-                "chatml", "Hello", " from", " ChatML", "!", *_CHATML_TAIL, stop="<|im_end|>"
-            ),
-            tokenizer_eos="<|im_end|>",
-            eos_tokens=("<|im_end|>", "<|endoftext|>"),
-            chat_template=chat_template("qwen2.5"),
+        _llama3("demo", *_words(_DEMO_ANSWER)),
+        _chatml(
+            "chatml", "Hello", " from", " ChatML", "!",
             generation_defaults=(("do_sample", True), *_QWEN_DEFAULTS),
             completion_prompt=_ONCE,
             completion=_completion("chatml", "<|endoftext|>"),
@@ -200,56 +210,26 @@ SCENARIOS: dict[str, Scenario] = {
             completion_prompt=_ONCE,
             completion=_completion("gemma", "<eos>"),
         ),
-        Scenario(
-            name="chatml_reasoning",
-            family="chatml",
-            # "\n\n" is the base vocabulary's merged token, which also ends the
-            # enable_thinking=False prompt: `no_think` joins this chain at "The".
-            chat=_chain(
-                "chatml", "<think>", "\nNeed", " to", " think\n", "</think>", "\n\n",
-                "The", " answer", " is", " 42", ".", *_CHATML_TAIL,
-                stop="<|im_end|>",
-            ),
-            tokenizer_eos="<|im_end|>",
-            eos_tokens=("<|im_end|>", "<|endoftext|>"),
-            chat_template=chat_template("qwen3"),
-            no_think=_chain(
-                "chatml", "The", " answer", " is", " 42", ".", *_CHATML_TAIL, stop="<|im_end|>"
-            ),
+        # "\n\n" is the base vocabulary's merged token, which also ends the
+        # enable_thinking=False prompt: `no_think` joins this chain at "The".
+        _chatml(
+            "chatml_reasoning", "<think>", "\nNeed", " to", " think\n", "</think>", "\n\n",
+            "The", " answer", " is", " 42", ".",
+            template="qwen3",
+            no_think=_chatml_chain("The", " answer", " is", " 42", "."),
             reasoning="Need to think",
             content="The answer is 42.",
             reasoning_parser="qwen3",
             tool_parser="hermes",
         ),
-        Scenario(
-            name="chatml_tools",
-            family="chatml",
-            chat=_chain(
-                "chatml", "<tool_call>", "\n" + _TOOL_JSON + "\n", "</tool_call>", *_CHATML_TAIL,
-                stop="<|im_end|>",
-            ),
-            tokenizer_eos="<|im_end|>",
-            eos_tokens=("<|im_end|>", "<|endoftext|>"),
-            chat_template=chat_template("qwen2.5"),
-            after_tool=_chain(
-                "chatml", "The", " weather", " in", " Oslo", " is", " sunny", ".", *_CHATML_TAIL,
-                stop="<|im_end|>",
-            ),
+        _chatml(
+            "chatml_tools", "<tool_call>", "\n" + _TOOL_JSON + "\n", "</tool_call>",
+            after_tool=_chatml_chain("The", " weather", " in", " Oslo", " is", " sunny", "."),
             content=None,
             tool_call=("get_weather", '{"city": "Oslo"}'),
             tool_parser="hermes",
         ),
-        Scenario(
-            name="long",
-            family="chatml",
-            chat=_chain(
-                "chatml", _LONG_WORDS[0].capitalize(), *(" " + w for w in _LONG_WORDS[1:]),
-                *_CHATML_TAIL, stop="<|im_end|>",
-            ),
-            tokenizer_eos="<|im_end|>",
-            eos_tokens=("<|im_end|>", "<|endoftext|>"),
-            chat_template=chat_template("qwen2.5"),
-        ),
+        _chatml("long", *_words(_LONG_ANSWER)),  # no word repeats: one successor each
     )
 }
 """Scenario name -> :class:`Scenario`: what :func:`~vllm_inline.testing.build_scripted_model`
