@@ -1,6 +1,6 @@
 """``ChatVLLM`` on real engines with scripted models: the answers are known in advance.
 
-Every model here follows a fixed script (``vllm_inline.scripted``), so the tests can check exact
+Every model here follows a fixed script (``vllm_inline.testing``), so the tests can check exact
 content, stops, reasoning separation, tool-call parsing and token counts, streaming and not.
 """
 

@@ -16,6 +16,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from .testing import CPU_TEST_ENGINE_KWARGS, build_scripted_model
+
 __all__ = ["main"]
 
 DEMO_QUESTION = "What does vllm-inline do?"
@@ -37,12 +39,14 @@ def engine_kwargs_for(model: str | None) -> dict[str, Any]:
     small = is_scripted(model)
     if torch.cuda.is_available():
         return {"max_model_len": 512 if small else 4096}
+    if small:
+        return dict(CPU_TEST_ENGINE_KWARGS)
     # On the CPU bfloat16 kills the worker (SIGILL) and the default memory share fails at start.
     return {
         "dtype": "float32",
-        "max_model_len": 512 if small else 2048,
+        "max_model_len": 2048,
         "enforce_eager": True,
-        "kv_cache_memory_bytes": (128 if small else 1024) * 2**20,
+        "kv_cache_memory_bytes": 1024 * 2**20,
     }
 
 
@@ -51,8 +55,6 @@ def resolve_model(model: str | None, scenario: str = "demo") -> str:
     second, no download): by default the embedded demo model."""
     if model:
         return model
-    from .scripted import build_scripted_model
-
     return str(build_scripted_model(scenario))
 
 
