@@ -1,6 +1,7 @@
 """An OpenAI-compatible ``/v1/chat/completions`` inside your own FastAPI app, on vLLM in-process.
 
     python examples/openai_server.py [--model M] [--host 127.0.0.1] [--port 8000]
+    MODEL=<hub id or path> uvicorn --factory examples.openai_server:create_app   # the same app
     curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
         -d '{"model": "<the id /v1/models lists>", "stream": true,
              "messages": [{"role": "user", "content": "Hello"}]}'
@@ -89,7 +90,12 @@ def engine_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:
     if body.get("logprobs"):
         kwargs["logprobs"] = body.get("top_logprobs") or 0
     if body.get("logit_bias"):
-        kwargs["logit_bias"] = {int(k): v for k, v in body["logit_bias"].items()}
+        try:  # JSON keys are strings; vLLM wants token ids
+            kwargs["logit_bias"] = {int(k): float(v) for k, v in body["logit_bias"].items()}
+        except (AttributeError, TypeError, ValueError):
+            raise BadRequestError.invalid(
+                "logit_bias", body["logit_bias"], "a mapping of token ids to biases"
+            ) from None
     response_format = body.get("response_format") or {"type": "text"}
     kind = response_format.get("type") if isinstance(response_format, Mapping) else None
     if kind == "json_schema":
@@ -130,6 +136,7 @@ async def cancel_on_disconnect(request: Request, work: asyncio.Future[Any]) -> b
 def create_app(model: str | None = None, served_model_name: str | None = None) -> FastAPI:
     """The app for ``model`` (a hub id or path; default: the embedded scripted demo model),
     listed by ``/v1/models`` as ``served_model_name`` (default: ``model``)."""
+    model = model or os.environ.get("MODEL") or None
     path = resolve_model(model)
     engine = get_engine(path, **engine_kwargs_for(model))
     model_id = served_model_name or model or "vllm-inline-demo"
@@ -173,15 +180,16 @@ def create_app(model: str | None = None, served_model_name: str | None = None) -
         kwargs = engine_kwargs(body)
         meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "model": model_id, "created": int(time.time())}
         deltas = engine.astream(body.get("messages"), **kwargs)
-        if not body.get("stream"):
-            work = asyncio.ensure_future(collect(deltas))
-            if not await cancel_on_disconnect(request, work):
-                return Response(status_code=499)  # nobody is listening any more
+        stream = bool(body.get("stream"))
+        # Streaming, wait for the first delta before the 200 goes out, so bad input still gets
+        # a 400 (the engine checks the request when the stream starts).
+        work = asyncio.ensure_future(anext(deltas) if stream else collect(deltas))
+        if not await cancel_on_disconnect(request, work):
+            return Response(status_code=499)  # nobody is listening any more
+        if not stream:
             return JSONResponse(completion_from_deltas(work.result(), **meta))
-        # The first delta comes before the 200 goes out, so bad input still gets a 400.
-        first = await anext(deltas)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        events = sse_events(first, deltas, meta, include_usage)
+        events = sse_events(work.result(), deltas, meta, include_usage)
         return StreamingResponse(events, media_type="text/event-stream")
 
     return app
@@ -229,8 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=os.environ.get("MODEL"),
-                        help="hub id or local path (default: embedded demo model)")
+    parser.add_argument("--model", help="hub id or local path (default: $MODEL, else the embedded demo model)")
     parser.add_argument("--served-model-name", help="the id clients send as `model`")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
