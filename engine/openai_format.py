@@ -67,7 +67,9 @@ def _tool_call_fragments(calls: Iterable[ToolCallDelta]) -> list[dict[str, Any]]
     """
     merged: dict[int, dict[str, Any]] = {}
     for call in calls:
-        fragment = merged.setdefault(call.index, {"index": call.index, "function": {"arguments": ""}})
+        fragment = merged.setdefault(
+            call.index, {"index": call.index, "function": {"arguments": ""}}
+        )
         if call.id is not None:
             fragment["id"] = call.id
             fragment["type"] = "function"

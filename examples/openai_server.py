@@ -46,24 +46,29 @@ from vllm_inline.engine import (
 from vllm_inline.engine.openai_format import chunk_from_delta, completion_from_deltas, usage_chunk
 
 # OpenAI request fields handed to the engine under the same name and meaning.
-OPENAI_SAMPLING = ("temperature", "top_p", "stop", "seed", "n", "presence_penalty", "frequency_penalty")
-# vLLM's own extras, as `vllm serve` accepts them next to OpenAI's fields (`extra_body=` in the SDK).
+OPENAI_SAMPLING = (
+    "temperature", "top_p", "stop", "seed", "n", "presence_penalty", "frequency_penalty",
+)
+# vLLM's own extras, as `vllm serve` takes them next to OpenAI's fields (`extra_body=` in the SDK).
 VLLM_EXTRAS = (
     "repetition_penalty", "top_k", "min_p", "min_tokens", "ignore_eos", "stop_token_ids",
     "chat_template_kwargs",
 )
-# OpenAI fields with no effect on a model in this process: accepted and ignored.
+# Read by the route itself, or OpenAI fields with no effect on a model in this process.
 IGNORED = (
     "model", "messages", "stream", "stream_options", "user", "store", "metadata",
     "service_tier", "parallel_tool_calls", "prompt_cache_key", "safety_identifier",
 )
+# Translated below.
 HANDLED = (
     "max_tokens", "max_completion_tokens", "tools", "tool_choice", "response_format", "logprobs",
     "top_logprobs", "logit_bias",
 )
 
 
-def openai_error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+def openai_error(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> JSONResponse:
     """An error in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
     kind = "invalid_request_error" if status < 500 else "server_error"
     body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
@@ -78,10 +83,13 @@ def engine_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:
     """
     unknown = sorted(set(body) - {*OPENAI_SAMPLING, *VLLM_EXTRAS, *IGNORED, *HANDLED})
     if unknown:
-        raise BadRequestError.invalid(unknown[0], body[unknown[0]], "an unrecognized request argument")
+        name = unknown[0]
+        raise BadRequestError.invalid(name, body[name], "an unrecognized request argument")
     kwargs = {k: body[k] for k in (*OPENAI_SAMPLING, *VLLM_EXTRAS) if body.get(k) is not None}
     # max_completion_tokens replaced max_tokens in OpenAI's API; both are still sent.
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = body.get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = body.get("max_tokens")
     if max_tokens is not None:
         kwargs["max_tokens"] = max_tokens
     if body.get("tools"):
@@ -135,7 +143,8 @@ async def cancel_on_disconnect(request: Request, work: asyncio.Future[Any]) -> b
 
 def create_app(model: str | None = None, served_model_name: str | None = None) -> FastAPI:
     """The app for ``model`` (a hub id or path; default: the embedded scripted demo model),
-    listed by ``/v1/models`` as ``served_model_name`` (default: ``model``)."""
+    listed by ``/v1/models`` as ``served_model_name`` (default: ``model``, or
+    ``"vllm-inline-demo"`` for the demo model)."""
     model = model or os.environ.get("MODEL") or None
     path = resolve_model(model)
     engine = get_engine(path, **engine_kwargs_for(model))
@@ -178,11 +187,14 @@ def create_app(model: str | None = None, served_model_name: str | None = None) -
                 f"{model_id!r} (see /v1/models).", "model", "model_not_found",
             )
         kwargs = engine_kwargs(body)
-        meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "model": model_id, "created": int(time.time())}
+        meta = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "model": model_id, "created": int(time.time()),
+        }
         deltas = engine.astream(body.get("messages"), **kwargs)
         stream = bool(body.get("stream"))
-        # Streaming, wait for the first delta before the 200 goes out, so bad input still gets
-        # a 400 (the engine checks the request when the stream starts).
+        # A stream waits for its first delta before the 200 goes out, so bad input still gets
+        # a 400 (the engine checks the request when the stream starts). Either way, a client
+        # that hangs up meanwhile cancels the work, which aborts the request in vLLM.
         work = asyncio.ensure_future(anext(deltas) if stream else collect(deltas))
         if not await cancel_on_disconnect(request, work):
             return Response(status_code=499)  # nobody is listening any more
@@ -225,7 +237,8 @@ async def sse_events(
                 yield event(delta)
         except (BadRequestError, EngineUnavailableError) as e:
             # Headers are gone: report the error in the stream, as `vllm serve` does.
-            error = {"message": str(e), "type": type(e).__name__, "param": getattr(e, "parameter", None)}
+            param = getattr(e, "parameter", None)
+            error = {"message": str(e), "type": type(e).__name__, "param": param}
             yield f"data: {json.dumps({'error': error})}\n\n"
         else:
             if include_usage and usage is not None:
@@ -237,7 +250,9 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="hub id or local path (default: $MODEL, else the embedded demo model)")
+    parser.add_argument(
+        "--model", help="hub id or local path (default: $MODEL, else the embedded demo model)"
+    )
     parser.add_argument("--served-model-name", help="the id clients send as `model`")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)

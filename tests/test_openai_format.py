@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-
 from vllm_inline.engine.deltas import Delta, TokenLogprob, ToolCallDelta, Usage
 from vllm_inline.engine.openai_format import (
     __all__ as exported,
+)
+from vllm_inline.engine.openai_format import (
     chunk_from_delta,
     completion_from_deltas,
     logprobs_dict,

@@ -299,12 +299,12 @@ def test_a_client_that_disconnects_aborts_its_request(serve: Callable[[str], Ser
     assert full["usage"]["completion_tokens"] == 400
 
     # Streaming: read two events, then hang up.
-    with httpx.Client(timeout=60) as http:
-        with http.stream("POST", f"{srv.url}/chat/completions", json={**body, "stream": True}) as r:
-            lines = r.iter_lines()
-            assert next(lines).startswith("data: ")
-            start = time.monotonic()
-            assert engine.num_unfinished_requests() == 1
+    stream_body = {**body, "stream": True}
+    with httpx.stream("POST", f"{srv.url}/chat/completions", json=stream_body, timeout=60) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        start = time.monotonic()
+        assert engine.num_unfinished_requests() == 1
     stream_abort_s = _wait_idle(engine) + (time.monotonic() - start)
     assert stream_abort_s < full_s
 
