@@ -18,9 +18,11 @@ from .errors import (
     EngineShutdownError,
     EngineUnavailableError,
     ModelLoadError,
+    RequestTimeoutError,
     UnsupportedTaskError,
     VLLMInlineError,
 )
+from .metrics import EngineStats, RequestMetrics, prometheus_registry
 from .sampling import DEFAULTS
 from .stops import StopPolicy
 
@@ -33,8 +35,11 @@ __all__ = [
     "Engine",
     "EngineDeadError",
     "EngineShutdownError",
+    "EngineStats",
     "EngineUnavailableError",
     "ModelLoadError",
+    "RequestMetrics",
+    "RequestTimeoutError",
     "StopPolicy",
     "TokenLogprob",
     "ToolCallDelta",
@@ -42,5 +47,6 @@ __all__ = [
     "Usage",
     "VLLMInlineError",
     "get_engine",
+    "prometheus_registry",
     "shutdown_all",
 ]

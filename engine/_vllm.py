@@ -22,6 +22,7 @@ from .errors import (
     ModelLoadError,
     VLLMInlineError,
 )
+from .metrics import StatsBook
 
 import vllm  # noqa: F401  (heavy: this module is imported lazily)
 from vllm import AsyncEngineArgs, SamplingParams
@@ -64,9 +65,17 @@ def check_engine_kwargs(model: str, kwargs: Mapping[str, Any]) -> None:
         )
 
 
-def start_engine(model: str, kwargs: Mapping[str, Any]) -> AsyncLLM:
-    """Build ``AsyncLLM`` (blocking, ~20 s on a CPU); call it on the engine's loop thread."""
+def start_engine(model: str, kwargs: Mapping[str, Any], stats: StatsBook) -> AsyncLLM:
+    """Build ``AsyncLLM`` (blocking, ~20 s on a CPU); call it on the engine's loop thread.
+
+    vLLM's stats reach ``stats`` and the shared Prometheus registry after every step (see
+    :mod:`._vllm_stats`). vLLM's periodic stats log line is off unless the caller sets
+    ``disable_log_stats=False``: in a library, a line every few seconds is noise.
+    """
+    from ._vllm_stats import stat_loggers
+
     options = dict(kwargs)
+    options.setdefault("disable_log_stats", True)
     if "structured_outputs_config" not in options:
         # Compact JSON under structured outputs: without it a weak model can pad JSON with
         # whitespace until max_tokens. vLLM 0.32 only takes this engine-wide, for xgrammar.
@@ -79,7 +88,7 @@ def start_engine(model: str, kwargs: Mapping[str, Any]) -> AsyncLLM:
         if options.get("max_cpu_loras"):
             options["max_cpu_loras"] = int(options["max_cpu_loras"]) + 1
     args = AsyncEngineArgs(model=model, **options)
-    llm = AsyncLLM.from_engine_args(args)
+    llm = AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers(stats))
     # As vLLM's own server does once it is up: move the start-up heap (torch, transformers,
     # vLLM: ~700k objects) out of the collector's sight. Unfrozen, every full collection walked
     # it, a 0.5-0.7 s pause in the middle of the streams (LangChain and LlamaIndex allocate

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .metrics import RequestMetrics
+
 __all__ = ["Delta", "TokenLogprob", "ToolCallDelta", "Usage"]
 
 
@@ -19,6 +21,9 @@ class Usage:
     """Tokens in the rendered prompt."""
     completion_tokens: int
     """Tokens generated, over all choices."""
+    cached_tokens: int = 0
+    """Prompt tokens found in vLLM's prefix cache (not computed again); part of
+    ``prompt_tokens``."""
 
     @property
     def total_tokens(self) -> int:
@@ -63,7 +68,7 @@ class Delta:
     """One step of a streamed answer.
 
     The last delta of a choice has ``finish_reason`` set; the last delta of the request also
-    carries ``usage``.
+    carries ``usage`` and ``metrics``.
     """
 
     text: str = ""
@@ -84,3 +89,6 @@ class Delta:
     """The stop string or token id that ended the choice, if any."""
     usage: Usage | None = None
     """Token counts, on the last delta of the request."""
+    metrics: RequestMetrics | None = None
+    """Timings of the request (queue, first token, prefill, decode, end to end), on the last
+    delta of the request."""

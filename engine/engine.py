@@ -24,9 +24,10 @@ from typing import Any, TypeVar
 from . import embeddings, render
 from .bridge import aiter_on, iter_on
 from .deltas import Delta
-from .errors import ModelLoadError
+from .errors import EngineUnavailableError, ModelLoadError
 from .generate import generate
 from .lora import LoRARegistry
+from .metrics import EngineStats
 from .request import Request, build_request
 from .runtime import Runtime, start_runtime
 from .sampling import DEFAULTS, layer_sampling
@@ -125,6 +126,18 @@ class Engine:
         """Sampling values used when a call sets none: package defaults under the model's."""
         return layer_sampling(DEFAULTS, self._started().model_defaults)
 
+    def stats(self) -> EngineStats:
+        """A snapshot of the running engine: requests running and waiting, KV-cache usage,
+        prefix-cache hit rate, tokens so far (cheap: no call into vLLM). Raises
+        :class:`EngineUnavailableError` when the engine is not running."""
+        runtime = self._runtime
+        if runtime is None:
+            raise EngineUnavailableError(
+                f"The engine for {self.model!r} is not running, so it has no stats: start it "
+                "(engine.start(), or any request) first."
+            )
+        return runtime.stats.snapshot()
+
     def num_unfinished_requests(self) -> int:
         """Requests in flight in the engine (0 when it is not running)."""
         runtime = self._runtime
@@ -142,8 +155,10 @@ class Engine:
         Keyword arguments: ``prompt`` (a pre-formatted prompt instead of ``messages``),
         ``tools``, ``tool_choice``, ``chat_template``, ``chat_template_kwargs``,
         ``tool_parser``, ``reasoning_parser``, ``structured_outputs``, ``lora`` (a LoRA adapter
-        directory, ``(name, path)`` or a name seen before: see :mod:`.lora`) and any vLLM sampling
-        value (``max_tokens``, ``temperature``, ``stop``, ``seed``, ``n``, ``logprobs``, ...).
+        directory, ``(name, path)`` or a name seen before: see :mod:`.lora`), ``priority`` (an int,
+        lower first; needs ``scheduling_policy="priority"``), ``timeout`` (seconds, then the
+        request is aborted with :class:`RequestTimeoutError`) and any vLLM sampling value
+        (``max_tokens``, ``temperature``, ``stop``, ``seed``, ``n``, ``logprobs``, ...).
         Bad arguments raise here, before anything starts; iterate the result from any event
         loop (it never blocks it). The engine starts on the first iteration.
         """

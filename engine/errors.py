@@ -18,6 +18,7 @@ __all__ = [
     "EngineShutdownError",
     "EngineUnavailableError",
     "ModelLoadError",
+    "RequestTimeoutError",
     "UnsupportedTaskError",
     "VLLMInlineError",
 ]
@@ -83,3 +84,13 @@ class EngineDeadError(EngineUnavailableError):
 
 class EngineShutdownError(EngineUnavailableError):
     """The engine was shut down while the stream was running."""
+
+
+class RequestTimeoutError(VLLMInlineError, TimeoutError):
+    """The request ran past its ``timeout`` and was aborted in the engine. A stream raises it
+    after the deltas it already delivered; the engine keeps serving everyone else."""
+
+    def __init__(self, message: str, *, timeout: float) -> None:
+        super().__init__(message)
+        self.timeout = timeout
+        """The deadline the request had, in seconds."""

@@ -31,12 +31,14 @@ __all__ = [
 ]
 
 
-def usage_dict(usage: Usage) -> dict[str, int]:
-    """OpenAI's ``usage`` object from the real token counts."""
+def usage_dict(usage: Usage) -> dict[str, Any]:
+    """OpenAI's ``usage`` object from the real token counts (cached prompt tokens from vLLM's
+    prefix cache as ``prompt_tokens_details.cached_tokens``)."""
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
 
 

@@ -96,7 +96,10 @@ def test_reasoning_field_name_is_configurable() -> None:
 
 def test_usage() -> None:
     usage = Usage(prompt_tokens=12, completion_tokens=5)
-    assert usage_dict(usage) == {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}
+    assert usage_dict(usage) == {
+        "prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     chunk = usage_chunk(usage, **META)
     assert chunk["choices"] == [] and chunk["usage"]["total_tokens"] == 17
     assert ChatCompletionChunk.model_validate(chunk).usage.completion_tokens == 5
@@ -122,7 +125,10 @@ def test_completion_joins_text_and_takes_finish_and_usage_from_the_last_delta() 
         {"index": 0, "message": {"role": "assistant", "content": "The answer."}, "logprobs": None,
          "finish_reason": "stop"}
     ]
-    assert completion["usage"] == {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}
+    assert completion["usage"] == {
+        "prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     ChatCompletion.model_validate(completion)
 
 
