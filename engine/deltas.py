@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .metrics import RequestMetrics
 
-__all__ = ["Delta", "TokenLogprob", "ToolCallDelta", "Usage"]
+__all__ = ["Delta", "TokenLogprob", "ToolCallDelta", "Usage", "coalesce"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,3 +92,41 @@ class Delta:
     metrics: RequestMetrics | None = None
     """Timings of the request (queue, first token, prefill, decode, end to end), on the last
     delta of the request."""
+
+
+def coalesce(deltas: list[Delta]) -> list[Delta]:
+    """Join consecutive deltas of the same choice into one, for a consumer that fell behind.
+
+    Still true deltas: text, reasoning, token ids and logprobs concatenate in order, tool-call
+    fragments follow one another, and the later delta's ``finish_reason``, ``stop_reason``,
+    ``usage`` and ``metrics`` are kept (the earlier one has none: it was not the last). Deltas
+    of different choices (``n > 1``) stay apart.
+    """
+    out: list[Delta] = []
+    for delta in deltas:
+        if out:
+            last = out[-1]
+            if (
+                last.index == delta.index
+                and last.finish_reason is None
+                and (last.logprobs is None) == (delta.logprobs is None)
+            ):
+                out[-1] = Delta(
+                    text=last.text + delta.text,
+                    reasoning=last.reasoning + delta.reasoning,
+                    tool_calls=last.tool_calls + delta.tool_calls,
+                    token_ids=last.token_ids + delta.token_ids,
+                    logprobs=(
+                        last.logprobs + delta.logprobs  # type: ignore[operator]
+                        if delta.logprobs is not None
+                        else None
+                    ),
+                    index=delta.index,
+                    finish_reason=delta.finish_reason,
+                    stop_reason=delta.stop_reason,
+                    usage=delta.usage,
+                    metrics=delta.metrics,
+                )
+                continue
+        out.append(delta)
+    return out

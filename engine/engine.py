@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from . import embeddings, render
 from .bridge import aiter_on, iter_on
-from .deltas import Delta
+from .deltas import Delta, coalesce
 from .errors import EngineUnavailableError, ModelLoadError
 from .generate import generate
 from .lora import LoRARegistry
@@ -166,7 +166,7 @@ class Engine:
 
     async def _astream(self, request: Request) -> AsyncIterator[Delta]:
         runtime = await self._astarted()
-        async for delta in aiter_on(runtime.loop, lambda: generate(runtime, request)):
+        async for delta in aiter_on(runtime.loop, lambda: generate(runtime, request), coalesce):
             yield delta
 
     def stream(
@@ -177,7 +177,7 @@ class Engine:
 
     def _stream(self, request: Request) -> Iterator[Delta]:
         runtime = self._started()
-        yield from iter_on(runtime.loop, lambda: generate(runtime, request))
+        yield from iter_on(runtime.loop, lambda: generate(runtime, request), coalesce)
 
     async def aembed(
         self,
