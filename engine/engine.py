@@ -35,6 +35,7 @@ from .errors import (
 from .lora import Adapter, registry
 from .messages import validate_messages, validate_tool_choice, validate_tools
 from .parsing import OutputParser, make_parser_factory
+from .platform_defaults import PlatformDefaults
 from .sampling import DEFAULTS, check_sampling, layer_sampling
 from .stops import StopPolicy, decide_stop_policy
 from .templates import TemplateChoice, require_template, resolve_chat_template
@@ -90,7 +91,12 @@ class Engine:
         self.model = str(model)
         """Model path or hub id."""
         self.vllm_kwargs: dict[str, Any] = dict(vllm_kwargs or {})
-        """Options passed to vLLM's ``AsyncEngineArgs``."""
+        """The options given by the user (the engine's identity in :func:`get_engine`)."""
+        self.platform_defaults: PlatformDefaults | None = None
+        """What the engine started with, once started: ``.kwargs`` (every option passed to vLLM)
+        and ``.chosen`` (options vllm-inline set for a CPU because the user did not, each with a
+        reason: ``dtype``, ``kv_cache_memory_bytes``, ``enforce_eager``). See
+        :mod:`.platform_defaults`."""
         self._lock = threading.Lock()
         self._running: _Running | None = None
 
@@ -175,8 +181,9 @@ class Engine:
             max_model_len=int(llm.model_config.max_model_len),
         )
         logger.info(
-            "vllm-inline engine started: model=%s template=%s stop_ids=%s (%s)",
+            "vllm-inline engine started: model=%s template=%s stop_ids=%s (%s) chosen: %s",
             self.model, template.source, list(policy.stop_token_ids), ", ".join(policy.stop_tokens),
+            self.platform_defaults.summary() if self.platform_defaults else "none",
         )
         _register_exit()
         return running
@@ -188,7 +195,9 @@ class Engine:
         from . import _vllm
 
         _vllm.check_engine_kwargs(self.model, self.vllm_kwargs)
-        return _vllm.start_engine(self.model, self.vllm_kwargs)
+        # Measured before anything is spawned: a request for more memory than is free fails here.
+        self.platform_defaults = _vllm.decide_engine_kwargs(self.model, self.vllm_kwargs)
+        return _vllm.start_engine(self.model, self.platform_defaults.kwargs)
 
     def shutdown(self) -> None:
         """Stop the engine and free its memory (idempotent). Streams in flight end with
