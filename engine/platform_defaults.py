@@ -222,7 +222,7 @@ def _kv_cache(
             ),
             None,
         )
-    fit = (budget // per_token) // _BLOCK * _BLOCK
+    fit = (min(budget, _KV_MAX) // per_token) // _BLOCK * _BLOCK
     if fit < _BLOCK:
         raise InsufficientMemoryError(
             f"The free memory ({_gib(free)}) leaves no room for a KV cache after the weights "
@@ -237,7 +237,8 @@ def _kv_cache(
         Choice(
             "kv_cache_memory_bytes",
             kv,
-            f"half of what {_gib(free)} free leaves after the weights",
+            f"one sequence, in at most 4 GiB and half of what {_gib(free)} free leaves after "
+            "the weights",
         ),
         Choice(
             "max_model_len",

@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
-from vllm_inline.cli import engine_kwargs_for, resolve_model
+from vllm_inline.cli import resolve_model
 from vllm_inline.integrations.langchain import ChatVLLM
 
 
@@ -31,7 +31,7 @@ def sse(data: str, event: str | None = None) -> str:
 
 
 def create_app(model: str | None = None) -> FastAPI:
-    llm = ChatVLLM(model=resolve_model(model), vllm_kwargs=engine_kwargs_for(model), max_tokens=256)
+    llm = ChatVLLM(model=resolve_model(model), max_tokens=256)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

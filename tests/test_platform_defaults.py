@@ -84,6 +84,8 @@ def test_a_window_too_long_for_memory_is_shortened_when_the_user_did_not_set_it(
     weights_f32 = QWEN["weights_bytes"] * 2  # bf16 checkpoint loaded as float32
     assert picks["kv_cache_memory_bytes"] <= (8 * GiB - weights_f32 - GiB) // 2
     assert "40960" in {c.name: c.reason for c in result.chosen}["max_model_len"]
+    roomy = chosen(choose_engine_kwargs({}, cpu(free=20 * GiB, **QWEN)))  # the 4 GiB cap holds
+    assert roomy["kv_cache_memory_bytes"] <= 4 * GiB < QWEN["kv_elements_per_token"] * 4 * 40960
 
 
 def test_everything_the_user_sets_wins() -> None:

@@ -21,31 +21,6 @@ __all__ = ["main"]
 DEMO_QUESTION = "What does vllm-inline do?"
 
 
-def is_scripted(model: str | None) -> bool:
-    """True for the embedded demo model and any other scripted model directory."""
-    return model is None or os.path.isfile(os.path.join(os.path.expanduser(model), "scenario.json"))
-
-
-def engine_kwargs_for(model: str | None) -> dict[str, Any]:
-    """vLLM options that work on this machine: float32 and a small KV cache on a CPU.
-
-    ``model=None`` (the embedded demo model) and scripted model directories get the small
-    settings the test suite uses, so a demo or an example run in the tests shares its engine.
-    """
-    import torch
-
-    small = is_scripted(model)
-    if torch.cuda.is_available():
-        return {"max_model_len": 512 if small else 4096}
-    # On the CPU bfloat16 kills the worker (SIGILL) and the default memory share fails at start.
-    return {
-        "dtype": "float32",
-        "max_model_len": 512 if small else 2048,
-        "enforce_eager": True,
-        "kv_cache_memory_bytes": (128 if small else 1024) * 2**20,
-    }
-
-
 def resolve_model(model: str | None, scenario: str = "demo") -> str:
     """``model`` itself, or the path of a scripted model (built locally on first use, under a
     second, no download): by default the embedded demo model."""
@@ -91,12 +66,14 @@ def _start_engine(model: str | None):
     from .engine import get_engine
 
     with Spinner(f"Starting vLLM and loading {model or 'the embedded demo model'}"):
-        engine = get_engine(resolve_model(model), **engine_kwargs_for(model))
+        # No options: on a CPU the engine itself picks dtype, KV-cache size and eager mode.
+        engine = get_engine(resolve_model(model))
         engine.start()
     policy = engine.stop_policy
     print(
         f"Engine ready: {model or 'embedded demo model (scripted, built locally)'}; "
-        f"chat template: {policy.template_source}; stop tokens: {', '.join(policy.stop_tokens)}",
+        f"chat template: {policy.template_source}; stop tokens: {', '.join(policy.stop_tokens)}; "
+        f"engine options chosen: {engine.platform_defaults.summary()}",
         flush=True,
     )
     return engine
