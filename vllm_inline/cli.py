@@ -1,14 +1,15 @@
-"""``python -m vllm_inline``: the demo and an interactive streaming chat in the terminal.
+"""``python -m vllm_inline``: the demo, an interactive streaming chat, and a model check.
 
 ``demo`` streams an answer token by token from the embedded scripted model (built locally, no
 download) or from ``--model``; ``chat`` is a multi-turn chat with a spinner while the engine
-starts.
+starts; ``check --model M`` says whether vllm-inline runs ``M`` right (see docs/models.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import sys
 import threading
@@ -149,8 +150,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--model", default=os.environ.get("MODEL") or None,
                        help="hub id or local path (default: $MODEL, else the embedded scripted model)")
         p.add_argument("--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)")
+    help_text = "check that vllm-inline runs a model right: a table, exit code 0/1 (docs/models.md)"
+    p = sub.add_parser("check", help=help_text, description=help_text)
+    p.add_argument("--model", default=os.environ.get("MODEL") or None,
+                   help="hub id or local path (default: $MODEL)")
+    p.add_argument("--tool-parser", help="vLLM tool parser for the tool round trip (default: the family's)")
+    p.add_argument("--max-tokens", type=int, default=48, help="tokens compared with transformers (48)")
+    p.add_argument("--vllm-kwargs", type=json.loads, default=None,
+                   help='engine options as JSON, e.g. \'{"max_model_len": 4096}\' (default: none)')
+    p.add_argument("--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)")
     args = parser.parse_args(argv)
     if not args.verbose:
         # Read by vLLM when it is first imported (here and in its engine-core process).
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    if args.command == "check":
+        return check(args.model, args.vllm_kwargs, args.tool_parser, args.max_tokens)
     return demo(args.model) if args.command == "demo" else chat(args.model)
+
+
+def check(model: str | None, vllm_kwargs: dict[str, Any] | None, tool_parser: str | None,
+          max_tokens: int) -> int:
+    """Run :func:`vllm_inline.check.run_check`, print its table; 0 when no row failed."""
+    if not model:
+        print("check needs --model PATH_OR_ID (or MODEL=...)", file=sys.stderr)
+        return 2
+    from .check import run_check
+    from .engine import shutdown_all
+
+    with Spinner(f"Checking {model} (starts vLLM, then loads it with transformers)"):
+        report = run_check(model, vllm_kwargs=vllm_kwargs, tool_parser=tool_parser,
+                           max_tokens=max_tokens)
+    print(report.render(), flush=True)
+    shutdown_all()
+    return 0 if report.passed else 1
