@@ -127,8 +127,7 @@ def _dtype(user: Mapping[str, Any], facts: MachineFacts) -> Choice | None:
     return Choice(
         "dtype",
         "float32",
-        "no bf16 instructions on this CPU (avx512_bf16/amx_bf16): bfloat16 would kill the "
-        "worker with SIGILL",
+        "this CPU lacks avx512_bf16/amx_bf16: bfloat16 would kill the worker with SIGILL",
     )
 
 
