@@ -188,8 +188,12 @@ def _kv_cache(
     max_len = int(user_len or facts.model_max_len or 0)
     if not per_token or not max_len:
         kv = max(min(GiB, budget), _KV_MIN)
-        return Choice("kv_cache_memory_bytes", kv, f"model size unknown: {_show('kv_cache_memory_bytes', kv)}, "
-                      f"under half the free memory ({_gib(free)})"), None
+        return Choice(
+            "kv_cache_memory_bytes",
+            kv,
+            f"model size unknown: {_show('kv_cache_memory_bytes', kv)}, "
+            f"under half the free memory ({_gib(free)})",
+        ), None
     one_sequence = per_token * max_len
     if one_sequence <= budget:
         kv = min(max(one_sequence * _KV_SEQUENCES, _KV_MIN), _KV_MAX, budget)

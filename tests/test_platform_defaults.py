@@ -19,16 +19,25 @@ GiB = 2**30
 MiB = 2**20
 
 # Qwen3-0.6B-like: 28 layers x 8 KV heads x 128 = 57344 K+V elements per token, 40960 tokens.
-QWEN = dict(kv_elements_per_token=2 * 28 * 8 * 128, model_max_len=40960, checkpoint_dtype="bfloat16",
-            weights_bytes=int(1.2 * GiB))
+QWEN = dict(
+    kv_elements_per_token=2 * 28 * 8 * 128,
+    model_max_len=40960,
+    checkpoint_dtype="bfloat16",
+    weights_bytes=int(1.2 * GiB),
+)
 # SmolLM2-135M-like: 30 layers x 3 KV heads x 64, 8192 tokens, float32 weights.
-SMOL = dict(kv_elements_per_token=2 * 30 * 3 * 64, model_max_len=8192, checkpoint_dtype="float32",
-            weights_bytes=540 * MiB)
+SMOL = dict(
+    kv_elements_per_token=2 * 30 * 3 * 64,
+    model_max_len=8192,
+    checkpoint_dtype="float32",
+    weights_bytes=540 * MiB,
+)
 
 
 def cpu(free: int = 13 * GiB, flags: frozenset[str] = frozenset({"avx2"}), **model) -> MachineFacts:
-    return MachineFacts(is_cpu=True, free_memory_bytes=free, total_memory_bytes=24 * GiB,
-                        cpu_flags=flags, **model)
+    return MachineFacts(
+        is_cpu=True, free_memory_bytes=free, total_memory_bytes=24 * GiB, cpu_flags=flags, **model
+    )
 
 
 def chosen(result: PlatformDefaults) -> dict:
@@ -66,9 +75,14 @@ def test_cpu_with_bf16_gets_bfloat16(flag: str) -> None:
 
 def test_kv_cache_is_capped_and_never_more_than_half_of_what_is_left() -> None:
     tiny = dict(kv_elements_per_token=2 * 1 * 8 * 64, model_max_len=512, weights_bytes=2 * MiB)
-    assert chosen(choose_engine_kwargs({}, cpu(**tiny)))["kv_cache_memory_bytes"] == 64 * MiB  # floor
+    assert (
+        chosen(choose_engine_kwargs({}, cpu(**tiny)))["kv_cache_memory_bytes"] == 64 * MiB
+    )  # floor
     big = dict(SMOL, model_max_len=32768)  # 4 sequences would be 5.6 GiB: capped at 4 GiB
-    assert chosen(choose_engine_kwargs({}, cpu(free=20 * GiB, **big)))["kv_cache_memory_bytes"] == 4 * GiB
+    assert (
+        chosen(choose_engine_kwargs({}, cpu(free=20 * GiB, **big)))["kv_cache_memory_bytes"]
+        == 4 * GiB
+    )
     squeezed = chosen(choose_engine_kwargs({}, cpu(free=4 * GiB, **SMOL)))
     budget = (4 * GiB - 540 * MiB - GiB) // 2
     assert squeezed["kv_cache_memory_bytes"] <= budget
@@ -89,7 +103,12 @@ def test_a_window_too_long_for_memory_is_shortened_when_the_user_did_not_set_it(
 
 
 def test_everything_the_user_sets_wins() -> None:
-    user = {"dtype": "bfloat16", "enforce_eager": False, "kv_cache_memory_bytes": GiB, "max_model_len": 1024}
+    user = {
+        "dtype": "bfloat16",
+        "enforce_eager": False,
+        "kv_cache_memory_bytes": GiB,
+        "max_model_len": 1024,
+    }
     result = choose_engine_kwargs(user, cpu(**SMOL))
     assert result.kwargs == user and result.chosen == ()
     assert "all set by the user" in result.summary()
@@ -113,7 +132,9 @@ def test_a_user_max_model_len_is_kept_and_sizes_the_kv_cache() -> None:
         ({"max_model_len": 40960}, "max_model_len"),
     ],
 )
-def test_more_memory_than_is_free_is_a_typed_error_naming_the_option(user: dict, option: str) -> None:
+def test_more_memory_than_is_free_is_a_typed_error_naming_the_option(
+    user: dict, option: str
+) -> None:
     with pytest.raises(InsufficientMemoryError) as info:
         choose_engine_kwargs(user, cpu(free=6 * GiB, **QWEN))
     err = info.value

@@ -18,16 +18,16 @@ Everything goes through the public :class:`~vllm_inline.engine.Engine` API.
 from __future__ import annotations
 
 import json
-import textwrap
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+from .check_report import Report, Row, shorten
 from .engine import Engine, get_engine
 from .engine.errors import ChatTemplateError, VLLMInlineError
 from .engine.parsing import DEFAULT_TOOL_PARSERS
 from .engine.sampling import DEFAULTS
 from .engine.templates import detect_family
+from .parity import add_parity_rows
 
 __all__ = ["CONVERSATION", "Report", "Row", "run_check"]
 
@@ -39,11 +39,6 @@ CONVERSATION: list[dict[str, Any]] = [
 ]
 """The multi-turn conversation the check renders and answers."""
 
-_PARITY_PROMPTS = (
-    [{"role": "user", "content": "Write one sentence about the sea."}],
-    CONVERSATION,
-)
-_PENALTIES = (1.0, 1.1)
 _MARKER = "vllm-inline-check-marker"
 _WEATHER = {
     "type": "function",
@@ -57,67 +52,6 @@ _WEATHER = {
         },
     },
 }
-
-
-@dataclass
-class Row:
-    """One line of the table."""
-
-    name: str
-    """What was checked."""
-    status: str
-    """``"ok"``, ``"warn"``, ``"fail"`` or ``"info"``."""
-    value: str
-    """What was found."""
-    detail: str = ""
-    """More lines: why it matters, what to do."""
-
-
-@dataclass
-class Report:
-    """The check's result: rows, plus text blocks (the rendered prompt) shown under the table."""
-
-    model: str
-    """The model checked."""
-    rows: list[Row] = field(default_factory=list)
-    """The table, in order."""
-    blocks: dict[str, str] = field(default_factory=dict)
-    """Titled text shown after the table."""
-
-    def add(self, name: str, status: str, value: str, detail: str = "") -> Row:
-        """Append a row and return it."""
-        row = Row(name, status, value, detail)
-        self.rows.append(row)
-        return row
-
-    @property
-    def passed(self) -> bool:
-        """True when no row failed."""
-        return not any(r.status == "fail" for r in self.rows)
-
-    def render(self, width: int = 110) -> str:
-        """The table as text, then the blocks, then the verdict."""
-        name_w = max([len(r.name) for r in self.rows] + [4])
-        lines = [f"vllm-inline check: {self.model}", ""]
-        indent = " " * (6 + name_w + 2)
-        for r in self.rows:
-            head = f"{r.status.upper():<4}  {r.name:<{name_w}}  "
-            body = textwrap.wrap(r.value, width - len(head)) or [""]
-            lines.append(head + body[0])
-            lines.extend(indent + b for b in body[1:])
-            for para in r.detail.splitlines():
-                lines.extend(textwrap.wrap(para, width, initial_indent=indent,
-                                           subsequent_indent=indent))
-        for title, text in self.blocks.items():
-            lines += ["", f"-- {title} --", text]
-        fails = sum(r.status == "fail" for r in self.rows)
-        lines += ["", "PASSED" if self.passed else f"FAILED ({fails} row(s) failed)"]
-        return "\n".join(lines)
-
-
-def _short(text: str, n: int = 80) -> str:
-    shown = repr(text)
-    return shown if len(shown) <= n else shown[: n - 3] + "..."
 
 
 def _generation_config_eos(model: str) -> list[int]:
@@ -140,9 +74,13 @@ def _chosen(engine: Engine, report: Report, tool_parser: str | None) -> dict[str
     family = detect_family(vocab)
     source = policy.template_source
     if source == "none":
-        report.add("chat template", "fail", "none",
-                   "The tokenizer has no chat template and the family has no fallback: pass "
-                   "chat_template='<jinja or path>'.")
+        report.add(
+            "chat template",
+            "fail",
+            "none",
+            "The tokenizer has no chat template and the family has no fallback: pass "
+            "chat_template='<jinja or path>'.",
+        )
     else:
         report.add("chat template", "ok", source, f"family: {policy.family or 'not recognised'}")
     gen_eos = _generation_config_eos(engine.model)
@@ -156,30 +94,57 @@ def _chosen(engine: Engine, report: Report, tool_parser: str | None) -> dict[str
         if family is not None and token in family.end_of_turn:
             where.append(f"family {family.name}")
         parts.append(f"{token} (id {token_id}: {', '.join(where) or '?'})")
-    report.add("stop tokens", "ok" if parts else "fail", "; ".join(parts) or "none",
-               "" if parts else "No end-of-sequence token at all: generation runs to max_tokens.")
+    report.add(
+        "stop tokens",
+        "ok" if parts else "fail",
+        "; ".join(parts) or "none",
+        "" if parts else "No end-of-sequence token at all: generation runs to max_tokens.",
+    )
     sampling = engine.default_sampling
     from_model = sorted(k for k in sampling if k not in DEFAULTS or sampling[k] != DEFAULTS[k])
-    report.add("sampling defaults", "info", json.dumps(sampling, sort_keys=True),
-               f"from generation_config: {', '.join(from_model) or 'nothing'}; vllm-inline's own: "
-               f"{json.dumps(dict(DEFAULTS), sort_keys=True)}")
+    report.add(
+        "sampling defaults",
+        "info",
+        json.dumps(sampling, sort_keys=True),
+        f"from generation_config: {', '.join(from_model) or 'nothing'}; vllm-inline's own: "
+        f"{json.dumps(dict(DEFAULTS), sort_keys=True)}",
+    )
     parser = tool_parser or DEFAULT_TOOL_PARSERS.get(policy.family or "")
-    report.add("tool parser", "info", parser or "none",
-               "given with --tool-parser" if tool_parser else
-               (f"the default for family {policy.family}" if parser else
-                "no default for this family: pass tool_parser='<name>' to use tools"))
+    report.add(
+        "tool parser",
+        "info",
+        parser or "none",
+        "given with --tool-parser"
+        if tool_parser
+        else (
+            f"the default for family {policy.family}"
+            if parser
+            else "no default for this family: pass tool_parser='<name>' to use tools"
+        ),
+    )
     thinks = "<think>" in vocab and "</think>" in vocab
-    report.add("reasoning parser", "info", "none chosen automatically",
-               "The vocabulary has <think>/</think>: pass reasoning_parser='qwen3' (or "
-               "'deepseek_r1') so thinking stays out of content." if thinks else
-               "No <think> tokens in the vocabulary.")
+    report.add(
+        "reasoning parser",
+        "info",
+        "none chosen automatically",
+        "The vocabulary has <think>/</think>: pass reasoning_parser='qwen3' (or "
+        "'deepseek_r1') so thinking stays out of content."
+        if thinks
+        else "No <think> tokens in the vocabulary.",
+    )
     lowered = [c for c in (defaults.chosen if defaults else ()) if c.name == "max_model_len"]
-    report.add("context window", "info", f"{engine.max_model_len} tokens",
-               f"lowered: {lowered[0].reason}" if lowered else "")
+    report.add(
+        "context window",
+        "info",
+        f"{engine.max_model_len} tokens",
+        f"lowered: {lowered[0].reason}" if lowered else "",
+    )
     return {"tool_parser": parser, "gen_eos": gen_eos}
 
 
-def _render(engine: Engine, messages: Sequence[Mapping[str, Any]], **kw: Any) -> tuple[list[int] | None, str]:
+def _render(
+    engine: Engine, messages: Sequence[Mapping[str, Any]], **kw: Any
+) -> tuple[list[int] | None, str]:
     try:
         return engine.prompt_token_ids(list(messages), **kw), ""
     except ChatTemplateError as e:
@@ -189,13 +154,15 @@ def _render(engine: Engine, messages: Sequence[Mapping[str, Any]], **kw: Any) ->
 def _end_of_turn(engine: Engine) -> tuple[int | None, str | None]:
     """The token the template puts right after an assistant message's content."""
     tok = engine.tokenizer
-    ids, _ = _render(engine, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _MARKER}])
+    ids, _ = _render(
+        engine, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _MARKER}]
+    )
     if ids is None:
         return None, None
     text = tok.decode(ids, skip_special_tokens=False)
     if _MARKER not in text:
         return None, None
-    rest = text[text.index(_MARKER) + len(_MARKER):].lstrip()
+    rest = text[text.index(_MARKER) + len(_MARKER) :].lstrip()
     added = sorted(tok.get_added_vocab().items(), key=lambda kv: -len(kv[0]))
     for token, token_id in added:
         if rest.startswith(token):
@@ -214,12 +181,17 @@ def _template(
         conversation = CONVERSATION[1:]
         ids, error_no_system = _render(engine, conversation)
         if ids is None:
-            report.add("rendered prompt", "fail", "the template refuses the conversation",
-                       error_no_system)
+            report.add(
+                "rendered prompt", "fail", "the template refuses the conversation", error_no_system
+            )
             return conversation, None
-        report.add("system role", "warn", "refused by the template",
-                   f"{error}\nLangChain and LlamaIndex send system messages: merge them into the "
-                   "first user turn or pass a chat_template that takes them.")
+        report.add(
+            "system role",
+            "warn",
+            "refused by the template",
+            f"{error}\nLangChain and LlamaIndex send system messages: merge them into the "
+            "first user turn or pass a chat_template that takes them.",
+        )
     else:
         report.add("system role", "ok", "accepted")
     report.add("rendered prompt", "ok", f"{len(ids)} tokens (shown below)")
@@ -228,29 +200,47 @@ def _template(
     )
     two_users = [{"role": "user", "content": "Hi"}, {"role": "user", "content": "Hello?"}]
     same, error = _render(engine, two_users)
-    report.add("non-alternating turns", "info", "accepted" if same is not None else "refused",
-               "" if same is not None else error)
+    report.add(
+        "non-alternating turns",
+        "info",
+        "accepted" if same is not None else "refused",
+        "" if same is not None else error,
+    )
     eot_id, eot = _end_of_turn(engine)
     policy = engine.stop_policy
     if eot_id is None:
-        report.add("end of turn", "warn", "not found",
-                   "No special token follows an assistant message in the rendered template.")
+        report.add(
+            "end of turn",
+            "warn",
+            "not found",
+            "No special token follows an assistant message in the rendered template.",
+        )
     elif eot_id not in policy.stop_token_ids:
-        report.add("end of turn", "fail", f"{eot} (id {eot_id}) is not a stop token",
-                   f"The template ends an assistant turn with {eot}, but generation_config.json's "
-                   f"eos_token_id is {gen_eos} and the tokenizer's EOS is "
-                   f"{engine.tokenizer.eos_token!r}: answers run past the end of the turn. Add "
-                   f"{eot_id} to eos_token_id in generation_config.json.")
+        report.add(
+            "end of turn",
+            "fail",
+            f"{eot} (id {eot_id}) is not a stop token",
+            f"The template ends an assistant turn with {eot}, but generation_config.json's "
+            f"eos_token_id is {gen_eos} and the tokenizer's EOS is "
+            f"{engine.tokenizer.eos_token!r}: answers run past the end of the turn. Add "
+            f"{eot_id} to eos_token_id in generation_config.json.",
+        )
     elif eot_id not in gen_eos:
-        report.add("end of turn", "warn", f"{eot} (id {eot_id}), not in generation_config",
-                   f"vllm-inline stops there (tokenizer EOS or family {policy.family}); other "
-                   f"runtimes read generation_config.json's eos_token_id {gen_eos} and will not.")
+        report.add(
+            "end of turn",
+            "warn",
+            f"{eot} (id {eot_id}), not in generation_config",
+            f"vllm-inline stops there (tokenizer EOS or family {policy.family}); other "
+            f"runtimes read generation_config.json's eos_token_id {gen_eos} and will not.",
+        )
     else:
         report.add("end of turn", "ok", f"{eot} (id {eot_id}), in generation_config")
     return conversation, eot_id
 
 
-def _answer(engine: Engine, report: Report, conversation: list[dict[str, Any]], eot_id: int | None) -> None:
+def _answer(
+    engine: Engine, report: Report, conversation: list[dict[str, Any]], eot_id: int | None
+) -> None:
     """One greedy answer: no special-token text, stops at the end-of-turn token."""
     tok = engine.tokenizer
     text, ids, last = [], [], None
@@ -266,54 +256,37 @@ def _answer(engine: Engine, report: Report, conversation: list[dict[str, Any]], 
     specials |= {str(t) for t in decoder.values() if getattr(t, "special", False) and str(t)}
     leaked = sorted(t for t in specials if t in answer)
     if leaked:
-        report.add("special tokens in content", "fail", ", ".join(leaked),
-                   f"The answer's text shows special tokens: {_short(answer, 160)}")
+        report.add(
+            "special tokens in content",
+            "fail",
+            ", ".join(leaked),
+            f"The answer's text shows special tokens: {shorten(answer, 160)}",
+        )
     else:
-        report.add("special tokens in content", "ok", "none", f"answer: {_short(answer, 160)}")
+        report.add("special tokens in content", "ok", "none", f"answer: {shorten(answer, 160)}")
     finish = last.finish_reason if last else None
-    stopped_at = last.stop_reason if last and isinstance(last.stop_reason, int) else (ids[-1] if ids else None)
+    stopped_at = (
+        last.stop_reason
+        if last and isinstance(last.stop_reason, int)
+        else (ids[-1] if ids else None)
+    )
     shown = tok.convert_ids_to_tokens(stopped_at) if stopped_at is not None else None
     if finish != "stop":
-        report.add("stops at end of turn", "warn", f"finish_reason={finish} after {len(ids)} tokens",
-                   "The greedy answer did not end within 256 tokens (a small model may ramble).")
+        report.add(
+            "stops at end of turn",
+            "warn",
+            f"finish_reason={finish} after {len(ids)} tokens",
+            "The greedy answer did not end within 256 tokens (a small model may ramble).",
+        )
     elif eot_id is not None and stopped_at != eot_id:
-        report.add("stops at end of turn", "warn", f"stopped at {shown}",
-                   "Not the template's end-of-turn token (see 'end of turn').")
+        report.add(
+            "stops at end of turn",
+            "warn",
+            f"stopped at {shown}",
+            "Not the template's end-of-turn token (see 'end of turn').",
+        )
     else:
         report.add("stops at end of turn", "ok", f"finish_reason=stop at {shown}")
-
-
-def _parity(engine: Engine, report: Report, conversation: list[dict[str, Any]], max_tokens: int,
-            trust_remote_code: bool) -> None:
-    from .parity import ReferenceModel, compare, engine_greedy
-
-    dtype = (engine.platform_defaults.kwargs if engine.platform_defaults else {}).get("dtype")
-    try:
-        reference = ReferenceModel(engine.model, dtype, trust_remote_code=trust_remote_code)
-    except Exception as e:  # noqa: BLE001 - a checkpoint transformers cannot load is reported
-        report.add("greedy parity", "warn", "transformers could not load the model",
-                   f"{type(e).__name__}: {e}")
-        return
-    tok = engine.tokenizer
-    prompts = (_PARITY_PROMPTS[0], conversation)
-    for k, messages in enumerate(prompts, 1):
-        prompt_ids = engine.prompt_token_ids(messages)
-        for penalty in _PENALTIES:
-            mine = engine_greedy(engine, messages, max_tokens=max_tokens, repetition_penalty=penalty)
-            ref = reference.greedy(prompt_ids, max_tokens=max_tokens, repetition_penalty=penalty)
-            p = compare(mine, ref)
-            name = f"greedy parity {k} (rp {penalty})"
-            n = p.common_prefix
-            if p.identical:
-                report.add(name, "ok", f"{len(mine)}/{len(ref)} tokens identical")
-                continue
-            detail = (f"engine:       {_short(tok.decode(mine[n:n + 16]))}\n"
-                      f"transformers: {_short(tok.decode(ref[n:n + 16]))}")
-            status = "fail" if p.first_token_differs else "warn"
-            report.add(name, status, f"common prefix {n} of {max_tokens}; first divergence at token {n}",
-                       detail + ("\nThe first token differs: the engine does not run this model as "
-                                 "transformers does (dtype, weights, template ids)." if status == "fail"
-                                 else "\nLate divergence can come from the dtype (bf16/fp16)."))
 
 
 def _tools(engine: Engine, report: Report, tool_parser: str | None) -> None:
@@ -328,14 +301,19 @@ def _tools(engine: Engine, report: Report, tool_parser: str | None) -> None:
         report.add("tool round trip", "info", "skipped: the template does not render tools")
         return
     if tool_parser is None:
-        report.add("tool round trip", "warn", "no tool parser",
-                   "The template takes tools but the family has no default parser: pass "
-                   "--tool-parser (e.g. hermes, llama3_json, mistral, pythonic).")
+        report.add(
+            "tool round trip",
+            "warn",
+            "no tool parser",
+            "The template takes tools but the family has no default parser: pass "
+            "--tool-parser (e.g. hermes, llama3_json, mistral, pythonic).",
+        )
         return
     calls: dict[int, dict[str, str]] = {}
     text = []
-    for delta in engine.stream(user, tools=[_WEATHER], tool_parser=tool_parser, temperature=0.0,
-                               max_tokens=256):
+    for delta in engine.stream(
+        user, tools=[_WEATHER], tool_parser=tool_parser, temperature=0.0, max_tokens=256
+    ):
         text.append(delta.text)
         for c in delta.tool_calls:
             call = calls.setdefault(c.index, {"id": "", "name": "", "arguments": ""})
@@ -343,27 +321,52 @@ def _tools(engine: Engine, report: Report, tool_parser: str | None) -> None:
             call["name"] = c.name or call["name"]
             call["arguments"] += c.arguments
     if not calls:
-        report.add("tool round trip", "info", "the model answered without calling the tool",
-                   f"answer: {_short(''.join(text), 160)}")
+        report.add(
+            "tool round trip",
+            "info",
+            "the model answered without calling the tool",
+            f"answer: {shorten(''.join(text), 160)}",
+        )
         return
     call = calls[min(calls)]
     call_id = call["id"] or "call_0"
     follow = [
         *user,
-        {"role": "assistant", "content": "".join(text) or None, "tool_calls": [
-            {"id": call_id, "type": "function",
-             "function": {"name": call["name"], "arguments": call["arguments"] or "{}"}}]},
+        {
+            "role": "assistant",
+            "content": "".join(text) or None,
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": call["name"], "arguments": call["arguments"] or "{}"},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": call_id, "content": "It is sunny in Oslo."},
     ]
-    answer = "".join(d.text for d in engine.stream(follow, tools=[_WEATHER], tool_parser=tool_parser,
-                                                   temperature=0.0, max_tokens=256))
-    report.add("tool round trip", "ok", f"{call['name']}({call['arguments']}) with {tool_parser}",
-               f"answer after the tool result: {_short(answer, 160)}")
+    answer = "".join(
+        d.text
+        for d in engine.stream(
+            follow, tools=[_WEATHER], tool_parser=tool_parser, temperature=0.0, max_tokens=256
+        )
+    )
+    report.add(
+        "tool round trip",
+        "ok",
+        f"{call['name']}({call['arguments']}) with {tool_parser}",
+        f"answer after the tool result: {shorten(answer, 160)}",
+    )
 
 
-def run_check(model: str, *, vllm_kwargs: Mapping[str, Any] | None = None,
-              tool_parser: str | None = None, max_tokens: int = 48,
-              trust_remote_code: bool = False) -> Report:
+def run_check(
+    model: str,
+    *,
+    vllm_kwargs: Mapping[str, Any] | None = None,
+    tool_parser: str | None = None,
+    max_tokens: int = 48,
+    trust_remote_code: bool = False,
+) -> Report:
     """Check ``model`` on a real engine (started with ``vllm_kwargs``, else the engine's own
     choice) and return the :class:`Report`; ``report.passed`` is the exit status."""
     report = Report(model)
@@ -373,21 +376,28 @@ def run_check(model: str, *, vllm_kwargs: Mapping[str, Any] | None = None,
         report.add("engine start", "fail", type(e).__name__, str(e))
         return report
     report.add("engine start", "ok", "started")
-    steps = [
-        ("chosen", lambda: facts.update(_chosen(engine, report, tool_parser))),
-        ("template", lambda: facts.update(
-            zip(("conversation", "eot_id"), _template(engine, report, facts["gen_eos"])))),
-        ("answer", lambda: _answer(engine, report, facts["conversation"], facts["eot_id"])),
-        ("parity", lambda: _parity(engine, report, facts["conversation"], max_tokens, trust_remote_code)),
-        ("tools", lambda: _tools(engine, report, facts["tool_parser"])),
-    ]
-    facts: dict[str, Any] = {
-        "gen_eos": [], "conversation": CONVERSATION, "eot_id": None, "tool_parser": tool_parser,
-    }
-    for name, step in steps:
-        try:
-            step()
-        except Exception as e:  # noqa: BLE001 - one broken step is a failed row, the rest still run
-            report.add(name, "fail", f"{type(e).__name__}", str(e))
-    return report
 
+    def step(name: str, run: Any, fallback: Any) -> Any:
+        # One broken step is a failed row; the rows after it still run.
+        try:
+            return run()
+        except Exception as e:  # noqa: BLE001
+            report.add(name, "fail", type(e).__name__, str(e))
+            return fallback
+
+    chosen = step(
+        "chosen",
+        lambda: _chosen(engine, report, tool_parser),
+        {"tool_parser": tool_parser, "gen_eos": []},
+    )
+    conversation, eot_id = step(
+        "template", lambda: _template(engine, report, chosen["gen_eos"]), (CONVERSATION, None)
+    )
+    step("answer", lambda: _answer(engine, report, conversation, eot_id), None)
+    step(
+        "parity",
+        lambda: add_parity_rows(engine, report, conversation, max_tokens, trust_remote_code),
+        None,
+    )
+    step("tools", lambda: _tools(engine, report, chosen["tool_parser"]), None)
+    return report
