@@ -28,6 +28,7 @@ from .errors import EngineUnavailableError, ModelLoadError
 from .generate import generate
 from .lora import LoRARegistry
 from .metrics import EngineStats
+from .platform_defaults import PlatformDefaults
 from .request import Request, build_request
 from .runtime import Runtime, start_runtime
 from .sampling import DEFAULTS, layer_sampling
@@ -45,7 +46,8 @@ class Engine:
         self.model = str(model)
         """Model path or hub id."""
         self.vllm_kwargs: dict[str, Any] = dict(vllm_kwargs or {})
-        """Options passed to vLLM's ``AsyncEngineArgs``."""
+        """The options given by the user (the engine's identity in :func:`get_engine`); on a CPU
+        the engine adds defaults for the ones left unset (:attr:`platform_defaults`)."""
         self.adapters = LoRARegistry()
         """The LoRA adapters calls have named (kept across restarts: same directory, same id)."""
         self._lock = threading.Lock()
@@ -105,6 +107,15 @@ class Engine:
         return self.start()
 
     # -- what the engine decided -----------------------------------------------------------
+
+    @property
+    def platform_defaults(self) -> PlatformDefaults | None:
+        """What the running engine started with (``None`` before it starts): ``.kwargs`` (every
+        option passed to vLLM) and ``.chosen`` (options vllm-inline set for a CPU because the
+        user did not, each with a reason: ``dtype``, ``kv_cache_memory_bytes``,
+        ``enforce_eager``, ...). See :mod:`.platform_defaults`."""
+        runtime = self._runtime
+        return runtime.platform_defaults if runtime is not None else None
 
     @property
     def stop_policy(self) -> StopPolicy:

@@ -17,6 +17,7 @@ __all__ = [
     "EngineDeadError",
     "EngineShutdownError",
     "EngineUnavailableError",
+    "InsufficientMemoryError",
     "ModelLoadError",
     "RequestTimeoutError",
     "UnsupportedTaskError",
@@ -68,6 +69,21 @@ class ChatTemplateError(BadRequestError):
 
 class ModelLoadError(VLLMInlineError):
     """The model could not be found or loaded (missing path, no tokenizer, bad engine option)."""
+
+
+class InsufficientMemoryError(ModelLoadError):
+    """The engine options ask for more memory than the machine has free; raised before any
+    process starts. ``option`` names the option (``"kv_cache_memory_bytes"``,
+    ``"max_model_len"``, ``"gpu_memory_utilization"``)."""
+
+    def __init__(self, message: str, *, option: str, requested_bytes: int, free_bytes: int) -> None:
+        super().__init__(message)
+        self.option = option
+        """The engine option whose request does not fit."""
+        self.requested_bytes = requested_bytes
+        """Bytes that option asks for."""
+        self.free_bytes = free_bytes
+        """Bytes free on the machine (its memory node) when the engine was about to start."""
 
 
 class EngineUnavailableError(VLLMInlineError, RuntimeError):

@@ -28,6 +28,7 @@ from .errors import (
     VLLMInlineError,
 )
 from .metrics import StatsBook
+from .platform_defaults import PlatformDefaults
 from .stops import StopPolicy, decide_stop_policy
 from .templates import TemplateChoice, resolve_chat_template
 
@@ -61,6 +62,8 @@ class Runtime:
     """The context window in tokens."""
     stats: StatsBook
     """The engine's running figures, written by vLLM's stat loggers after every step."""
+    platform_defaults: PlatformDefaults
+    """The options vLLM was started with, and those chosen for this machine (with reasons)."""
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     """Work in flight on the loop (cancelled by :meth:`shutdown`)."""
     loaded_adapters: set[int] = field(default_factory=set)
@@ -186,7 +189,7 @@ def start_runtime(model: str, vllm_kwargs: Mapping[str, Any]) -> Runtime:
     loop = LoopThread(name=f"vllm-inline:{os.path.basename(model.rstrip('/'))}")
     stats = StatsBook()
     try:
-        llm = loop.submit(_build(model, vllm_kwargs, stats)).result()
+        llm, defaults = loop.submit(_build(model, vllm_kwargs, stats)).result()
     except BaseException as e:
         loop.stop()
         if isinstance(e, VLLMInlineError):
@@ -212,10 +215,12 @@ def start_runtime(model: str, vllm_kwargs: Mapping[str, Any]) -> Runtime:
         model_defaults=dict(llm.model_config.get_diff_sampling_param()),
         max_model_len=int(llm.model_config.max_model_len),
         stats=stats,
+        platform_defaults=defaults,
     )
     logger.info(
-        "vllm-inline engine started: model=%s template=%s stop_ids=%s (%s)",
+        "vllm-inline engine started: model=%s template=%s stop_ids=%s (%s) chosen: %s",
         model, template.source, list(policy.stop_token_ids), ", ".join(policy.stop_tokens),
+        defaults.summary(),
     )
     return runtime
 
@@ -240,11 +245,15 @@ def _preflight(model: str, vllm_kwargs: Mapping[str, Any]) -> None:
             )
 
 
-async def _build(model: str, vllm_kwargs: Mapping[str, Any], stats: StatsBook) -> Any:
+async def _build(
+    model: str, vllm_kwargs: Mapping[str, Any], stats: StatsBook
+) -> tuple[Any, PlatformDefaults]:
     # Built on the loop thread, so vLLM's output handler binds to this loop. vLLM is first
     # imported here too: some of its modules keep import-time tracebacks, which would keep
     # the caller's frames (and through them the engine) alive until interpreter exit.
     from . import _vllm
 
     _vllm.check_engine_kwargs(model, vllm_kwargs)
-    return _vllm.start_engine(model, vllm_kwargs, stats)
+    # Measured before anything is spawned: a request for more memory than is free fails here.
+    defaults = _vllm.decide_engine_kwargs(model, vllm_kwargs)
+    return _vllm.start_engine(model, defaults.kwargs, stats), defaults

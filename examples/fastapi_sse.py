@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 from prometheus_client import make_asgi_app
 
-from vllm_inline.cli import engine_kwargs_for, resolve_model
+from vllm_inline.cli import resolve_model
 from vllm_inline.engine import prometheus_registry
 from vllm_inline.integrations.langchain import ChatVLLM
 
@@ -34,7 +34,7 @@ def sse(data: str, event: str | None = None) -> str:
 
 
 def create_app(model: str | None = None) -> FastAPI:
-    llm = ChatVLLM(model=resolve_model(model), vllm_kwargs=engine_kwargs_for(model), max_tokens=256)
+    llm = ChatVLLM(model=resolve_model(model), max_tokens=256)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -35,7 +35,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from vllm_inline.cli import engine_kwargs_for, resolve_model
+from vllm_inline.cli import resolve_model
 from vllm_inline.engine import (
     BadRequestError,
     ContextLengthExceededError,
@@ -147,7 +147,7 @@ def create_app(model: str | None = None, served_model_name: str | None = None) -
     ``"vllm-inline-demo"`` for the demo model)."""
     model = model or os.environ.get("MODEL") or None
     path = resolve_model(model)
-    engine = get_engine(path, **engine_kwargs_for(model))
+    engine = get_engine(path)  # on a CPU the engine picks dtype, KV cache and eager mode itself
     model_id = served_model_name or model or "vllm-inline-demo"
 
     @asynccontextmanager
