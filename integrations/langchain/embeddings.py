@@ -88,4 +88,4 @@ class VLLMEmbeddings(BaseModel, Embeddings):
         return (await self.engine.aembed([text], **self._options()))[0]
 
     def _options(self) -> dict[str, Any]:
-        return self.model_dump(include={"truncate", "normalize", "batch_size"})
+        return {"truncate": self.truncate, "normalize": self.normalize, "batch_size": self.batch_size}

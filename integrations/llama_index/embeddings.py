@@ -98,4 +98,4 @@ class VLLMEmbedding(BaseEmbedding):
         return await self.engine.aembed(texts, **self._options())
 
     def _options(self) -> dict[str, Any]:
-        return self.model_dump(include={"truncate", "normalize", "batch_size"})
+        return {"truncate": self.truncate, "normalize": self.normalize, "batch_size": self.batch_size}
