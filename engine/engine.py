@@ -6,8 +6,8 @@ LangChain and LlamaIndex object on a model shares one engine and its continuous 
 :class:`Engine` is the lifecycle facade: it starts vLLM on first use (:mod:`.runtime`), shuts it
 down, and hands each call to the request path, which runs on the engine's own event-loop thread:
 :mod:`.request` (checks, before anything starts) -> :mod:`.render` -> :mod:`.generate` (deltas)
-or :mod:`.embeddings` or :mod:`.scoring`. :meth:`Engine.astream` can be iterated from any event loop and
-:meth:`Engine.stream` from any thread, both through :mod:`.bridge`.
+or :mod:`.embeddings` or :mod:`.scoring`. :meth:`Engine.astream` can be iterated from any event
+loop and :meth:`Engine.stream` from any thread, both through :mod:`.bridge`.
 """
 
 from __future__ import annotations

@@ -31,7 +31,9 @@ from typing import Any
 from .errors import BadRequestError, ContextLengthExceededError, UnsupportedTaskError
 from .runtime import Runtime
 
-__all__ = ["DEFAULT_BATCH_SIZE", "check_score_options", "score", "validate_pairs"]
+__all__ = [
+    "DEFAULT_BATCH_SIZE", "check_score_options", "check_top_n", "score", "validate_pairs"
+]
 
 DEFAULT_BATCH_SIZE = 64
 """Pairs rendered per batch; ``4 *`` this many requests are in flight at most."""
@@ -72,6 +74,13 @@ def check_score_options(truncate: Any, batch_size: Any) -> None:
         raise BadRequestError.invalid("batch_size", batch_size, "a positive integer")
 
 
+def check_top_n(top_n: Any) -> None:
+    """Raise :class:`BadRequestError` unless ``top_n`` (how many documents a reranker keeps)
+    is ``None`` or a positive integer. Used by the framework rerankers."""
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
+        raise BadRequestError.invalid("top_n", top_n, "a positive integer, or None for all")
+
+
 # -- on the engine loop ------------------------------------------------------------------------
 
 
@@ -85,8 +94,8 @@ async def score(
     async with runtime.guard("scoring call", runner="pooling") as llm:
         tasks = await _vllm_pooling.supported_tasks(llm)
         if _vllm_pooling.score_type(llm, tasks) != "cross-encoder":
-            raise UnsupportedTaskError(_not_a_reranker(runtime.model, tasks, llm), parameter="model",
-                                       value=runtime.model)
+            message = _not_a_reranker(runtime.model, tasks, llm)
+            raise UnsupportedTaskError(message, parameter="model", value=runtime.model)
         inputs: list[dict[str, Any]] = []
         for start in range(0, len(documents), batch_size):
             batch = documents[start : start + batch_size]
