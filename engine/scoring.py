@@ -11,14 +11,17 @@ One call runs as one task on the engine loop, like an embedding call (:mod:`.emb
 
 1. each ``(query, documents[i])`` pair is rendered by vLLM's own cross-encoder renderer (the
    model's score template if it has one, else ``tokenizer(query, document)`` as
-   sentence-transformers' ``CrossEncoder`` does), ``batch_size`` pairs at a time, and every
-   length is checked *before anything is submitted*: a pair longer than ``max_model_len`` raises
-   :class:`ContextLengthExceededError` naming ``documents[i]``, unless ``truncate=True`` (then
-   the tokenizer shortens the pair, longest part first, to ``max_model_len`` tokens);
-2. every pair is submitted to vLLM as its own ``encode`` request, concurrently (at most
-   ``batch_size * 4`` in flight), so vLLM's scheduler batches them, also with other callers'.
+   sentence-transformers' ``CrossEncoder`` does) on vLLM's tokenizer thread, ``batch_size``
+   pairs at a time;
+2. each rendered batch is submitted at once, one ``encode`` request per pair (at most
+   ``batch_size * 4`` in flight), so vLLM's scheduler batches them, also with other callers',
+   and the model runs on one batch while the next is tokenized. (Rendering a pair costs about
+   as much as scoring it on a small model: vLLM's ``LLM.score`` overlaps the two the same way.)
 
-Cancelling the caller (or an error in one request) cancels the rest, which aborts them in vLLM.
+A pair longer than ``max_model_len`` raises :class:`ContextLengthExceededError` naming
+``documents[i]``, unless ``truncate=True`` (then the tokenizer shortens the pair, longest part
+first, to ``max_model_len`` tokens); the pairs of earlier batches are then aborted, as they are
+when the caller is cancelled or one request fails, and the engine keeps serving.
 """
 
 from __future__ import annotations
@@ -96,11 +99,21 @@ async def score(
         if _vllm_pooling.score_type(llm, tasks) != "cross-encoder":
             message = _not_a_reranker(runtime.model, tasks, llm)
             raise UnsupportedTaskError(message, parameter="model", value=runtime.model)
-        inputs: list[dict[str, Any]] = []
-        for start in range(0, len(documents), batch_size):
-            batch = documents[start : start + batch_size]
-            inputs += await _render(runtime, query, batch, start, truncate)
-        return await _score_all(llm, inputs, batch_size * _BATCHES_IN_FLIGHT)
+        gate = asyncio.Semaphore(batch_size * _BATCHES_IN_FLIGHT)
+        scored: list[asyncio.Future[float]] = []
+        try:
+            for start in range(0, len(documents), batch_size):
+                batch = documents[start : start + batch_size]
+                for pair_input in await _render(runtime, query, batch, start, truncate):
+                    scored.append(asyncio.ensure_future(_score_one(llm, pair_input, gate)))
+            return list(await asyncio.gather(*scored))
+        finally:
+            # After an error (or cancellation): abort the requests still running, and wait
+            # until vLLM has let go of them, so the engine is idle when the error arrives.
+            for t in scored:
+                t.cancel()
+            if scored:
+                await asyncio.wait(scored)
 
 
 def _not_a_reranker(model: str, tasks: Sequence[str], llm: Any) -> str:
@@ -151,20 +164,10 @@ async def _render(
     return inputs
 
 
-async def _score_all(llm: Any, inputs: list[dict[str, Any]], limit: int) -> list[float]:
-    """Submit every pair at once (at most ``limit`` in flight); scores in input order."""
+async def _score_one(llm: Any, pair_input: dict[str, Any], gate: asyncio.Semaphore) -> float:
+    """One pair's score (at most ``gate``'s limit in flight)."""
     from . import _vllm_pooling
 
-    gate = asyncio.Semaphore(limit)
-
-    async def one(pair_input: dict[str, Any]) -> float:
-        async with gate:
-            request_id = f"vllm-inline-score-{next(_request_ids)}"
-            return await _vllm_pooling.score_one(llm, pair_input, request_id)
-
-    tasks = [asyncio.ensure_future(one(pair_input)) for pair_input in inputs]
-    try:
-        return list(await asyncio.gather(*tasks))
-    finally:
-        for t in tasks:  # after an error: abort the requests still running
-            t.cancel()
+    async with gate:
+        request_id = f"vllm-inline-score-{next(_request_ids)}"
+        return await _vllm_pooling.score_one(llm, pair_input, request_id)
