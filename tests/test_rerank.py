@@ -107,7 +107,7 @@ def test_too_long_names_the_document_unless_truncate(reranker) -> None:
         engine.score(QUERY, [DOCS[0], DOCS[1], long_doc], batch_size=2)
     assert e.value.parameter == "documents[2]"
     assert "truncate=True" in str(e.value) and "512" in str(e.value)
-    assert engine.num_unfinished_requests() == 0  # nothing was submitted
+    assert engine.num_unfinished_requests() == 0  # the first batch was aborted
     # truncate=True cuts the pair to max_model_len tokens: both documents become the same pair.
     a, b = engine.score(QUERY, [long_doc, "cat " * 2000], truncate=True)
     assert abs(a - b) < 1e-6
