@@ -152,6 +152,18 @@ def test_wrong_engine_is_a_typed_error(scripted, reranker) -> None:
     assert len(reranker[2].score(QUERY, DOCS[:1])) == 1
 
 
+def test_an_embedding_model_is_no_reranker(scripted, scripted_root: Path) -> None:
+    # The embedding tests' engine (same model and options): already running in a full run.
+    from vllm_inline.embedding_model import build_embedding_model
+
+    path = str(build_embedding_model(scripted_root))
+    embedder = get_engine(path, runner="pooling", **scripted("llama3").engine_kwargs)
+    with pytest.raises(UnsupportedTaskError) as e:
+        embedder.score(QUERY, DOCS)
+    assert e.value.parameter == "model" and "num_labels=1" in str(e.value)
+    assert len(embedder.embed([QUERY])) == 1  # still serving
+
+
 async def test_cancelling_aborts_the_requests(reranker) -> None:
     engine = reranker[2]
     task = asyncio.ensure_future(engine.ascore(QUERY, [f"{DOCS[i % 6]} {i}" for i in range(400)]))
