@@ -9,7 +9,7 @@ VLLM_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: install test demo bench clean
+.PHONY: install test demo check bench clean
 
 install: $(STAMP)
 
@@ -30,6 +30,11 @@ test: install
 
 demo: install
 	$(PY) -m vllm_inline demo $(if $(MODEL),--model "$(MODEL)")
+
+# `make check MODEL=Qwen/Qwen3-0.6B`: does vllm-inline run this model right? (docs/models.md)
+check: install
+	@test -n "$(MODEL)" || { echo "usage: make check MODEL=<hub id or local path>"; exit 2; }
+	$(PY) -m vllm_inline check --model "$(MODEL)"
 
 bench: install
 	$(PY) -m pip install -q -e ".[bench]"

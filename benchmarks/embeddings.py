@@ -15,8 +15,8 @@ All variants run on one pooling engine, in one process, on the same texts:
 Each variant is warmed up once, then the rounds interleave all variants; a variant's best
 round counts. Prints texts/s and
 the ratio to raw vLLM (1.00x = no overhead). Without ``--model`` it builds the tiny local
-embedder (:mod:`vllm_inline.embedding_model`), so it runs offline. ``--json`` prints one JSON
-object instead (for ``benchmarks/run.py``).
+embedder (:func:`vllm_inline.testing.build_embedding_model`), so it runs offline. ``--json``
+prints one JSON object instead (for ``benchmarks/run.py``).
 """
 
 from __future__ import annotations
@@ -30,12 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-CPU_ENGINE_KWARGS: dict[str, Any] = {
-    "dtype": "float32",
-    "max_model_len": 512,
-    "enforce_eager": True,
-    "kv_cache_memory_bytes": 128 * 2**20,
-}
+from vllm_inline.testing import CPU_TEST_ENGINE_KWARGS, build_embedding_model
 
 _WORDS = (
     "the weather in Oslo is cold and snowy Paris capital France python programming language "
@@ -76,8 +71,6 @@ def run(
     from vllm_inline.integrations.llama_index import VLLMEmbedding
 
     if model is None:
-        from vllm_inline.embedding_model import build_embedding_model
-
         model = str(build_embedding_model())
     kwargs = {"runner": "pooling", **vllm_kwargs}
     engine = get_engine(model, **kwargs)
@@ -141,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    vllm_kwargs = json.loads(args.vllm_kwargs) if args.vllm_kwargs else dict(CPU_ENGINE_KWARGS)
+    vllm_kwargs = json.loads(args.vllm_kwargs) if args.vllm_kwargs else dict(CPU_TEST_ENGINE_KWARGS)
     report = run(args.model, args.texts, args.words, args.rounds, vllm_kwargs)
     if args.json:
         print(json.dumps(report))

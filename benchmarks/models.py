@@ -1,7 +1,7 @@
 """Random-weight ``LlamaForCausalLM`` checkpoints for the benchmark, built on the fly.
 
 No model can be downloaded here, so the benchmark builds its own: the tokenizer (and Llama-3
-chat template) of a scripted model from :mod:`vllm_inline.scripted`, and random weights of the
+chat template) of a scripted model from :mod:`vllm_inline.testing`, and random weights of the
 size asked for. A random model emits noise, which is all a throughput benchmark needs: every
 request generates a fixed number of tokens (``ignore_eos``).
 """
@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import pathlib
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 
 __all__ = ["ModelSpec", "SPECS", "build_model"]
@@ -47,35 +45,25 @@ SPECS: dict[str, ModelSpec] = {
 
 
 def default_root() -> pathlib.Path:
-    base = os.environ.get("VLLMINLINE_CACHE")
-    root = pathlib.Path(base).expanduser() if base else pathlib.Path.home() / ".cache" / "vllm_inline"
-    return root / "bench"
+    """``bench`` next to the kit's scripted models (``$VLLMINLINE_CACHE/bench``)."""
+    from vllm_inline.testing import default_root as kit_root
+
+    return kit_root().parent / "bench"
 
 
 def build_model(spec: ModelSpec, root: pathlib.Path | None = None) -> pathlib.Path:
     """Build (or reuse) the checkpoint directory of ``spec``; returns its path."""
-    from vllm_inline.scripted import build_scripted_model
+    from vllm_inline.testing import build_scripted_model
+    from vllm_inline.testing.cache import build_once
 
     source = build_scripted_model("llama3")
     digest = hashlib.sha256(
         json.dumps([asdict(spec), source.name, 2], sort_keys=True).encode()
     ).hexdigest()[:12]
-    root = root or default_root()
-    target = root / f"{spec.name}-{digest}"
-    if (target / "config.json").is_file():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=root))
-    try:
-        _write(spec, source, tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_once(
+        root or default_root(), f"{spec.name}-{digest}", "config.json",
+        lambda out: _write(spec, source, out),
+    )
 
 
 def _write(spec: ModelSpec, source: pathlib.Path, out: pathlib.Path) -> None:

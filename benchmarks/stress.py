@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
-    "ENGINE_KWARGS",
     "STYLES",
     "Path",
     "StormResult",
@@ -38,13 +37,6 @@ __all__ = [
     "storm",
 ]
 
-# As tests/conftest.py: float32 on these CPUs, a small KV cache, eager mode, a short context.
-ENGINE_KWARGS: dict[str, Any] = {
-    "dtype": "float32",
-    "max_model_len": 512,
-    "enforce_eager": True,
-    "kv_cache_memory_bytes": 128 * 2**20,
-}
 ASYNC_STYLES = ("break", "aclose", "cancel", "gc")
 SYNC_STYLES = ("sync-break", "sync-close", "sync-gc")
 STYLES = ASYNC_STYLES + SYNC_STYLES
@@ -343,16 +335,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--root", default=None, help="where scripted models are built")
     args = parser.parse_args(argv)
 
-    from vllm_inline.engine import get_engine
-    from vllm_inline.scripted import SCENARIOS, build_scripted_model
+    from vllm_inline.testing import scripted_model
 
-    model = str(build_scripted_model("long", root=args.root))
-    answer = SCENARIOS["long"].answer
-    engine = get_engine(model, **ENGINE_KWARGS)
+    # The tests' CPU settings: float32, a small KV cache, eager mode, a short context.
+    scripted = scripted_model("long", root=args.root)
+    model, answer, engine = scripted.path, scripted.scenario.answer, scripted.engine
     t0 = time.monotonic()
     engine.start()
     print(f"model {model}\nengine started in {time.monotonic() - t0:.1f} s", flush=True)
-    paths = make_paths(model, ENGINE_KWARGS)
+    paths = make_paths(model, scripted.engine_kwargs)
 
     ok = True
     for path in paths.values():  # warm-up: lazy imports and first-call caches are not leaks

@@ -17,10 +17,13 @@ from .errors import (
     EngineDeadError,
     EngineShutdownError,
     EngineUnavailableError,
+    InsufficientMemoryError,
     ModelLoadError,
+    RequestTimeoutError,
     UnsupportedTaskError,
     VLLMInlineError,
 )
+from .metrics import EngineStats, RequestMetrics, prometheus_registry
 from .sampling import DEFAULTS
 from .stops import StopPolicy
 
@@ -33,8 +36,12 @@ __all__ = [
     "Engine",
     "EngineDeadError",
     "EngineShutdownError",
+    "EngineStats",
     "EngineUnavailableError",
+    "InsufficientMemoryError",
     "ModelLoadError",
+    "RequestMetrics",
+    "RequestTimeoutError",
     "StopPolicy",
     "TokenLogprob",
     "ToolCallDelta",
@@ -42,5 +49,6 @@ __all__ = [
     "Usage",
     "VLLMInlineError",
     "get_engine",
+    "prometheus_registry",
     "shutdown_all",
 ]

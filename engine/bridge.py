@@ -173,8 +173,17 @@ class _Handoff:
             deliver(item)
 
 
-async def aiter_on(lt: LoopThread, agen_factory: Callable[[], AsyncIterator[T]]) -> AsyncIterator[T]:
-    """Iterate, from the caller's event loop, an async generator that runs on ``lt``."""
+async def aiter_on(
+    lt: LoopThread,
+    agen_factory: Callable[[], AsyncIterator[T]],
+    coalesce: Callable[[list[T]], list[T]] | None = None,
+) -> AsyncIterator[T]:
+    """Iterate, from the caller's event loop, an async generator that runs on ``lt``.
+
+    With ``coalesce``, items that piled up while the consumer was busy are handed to it as a
+    list and it returns fewer (e.g. :func:`.deltas.coalesce`); a consumer that keeps up gets
+    every item as it was produced.
+    """
     handoff = lt.handoff(asyncio.get_running_loop())
     items: asyncio.Queue[Any] = asyncio.Queue()
     put_nowait = items.put_nowait
@@ -186,6 +195,10 @@ async def aiter_on(lt: LoopThread, agen_factory: Callable[[], AsyncIterator[T]])
     try:
         while True:
             item = items.get_nowait() if not items.empty() else await items.get()
+            if coalesce is not None and not items.empty() and _plain(item):
+                *earlier, item = _coalesced(item, items.get_nowait, items.empty, coalesce)
+                for plain in earlier:
+                    yield plain
             if item is _DONE:
                 return
             if isinstance(item, _Raised):
@@ -196,8 +209,13 @@ async def aiter_on(lt: LoopThread, agen_factory: Callable[[], AsyncIterator[T]])
             pump.cancel()
 
 
-def iter_on(lt: LoopThread, agen_factory: Callable[[], AsyncIterator[T]]) -> Iterator[T]:
-    """Iterate, from a synchronous caller, an async generator that runs on ``lt``."""
+def iter_on(
+    lt: LoopThread,
+    agen_factory: Callable[[], AsyncIterator[T]],
+    coalesce: Callable[[list[T]], list[T]] | None = None,
+) -> Iterator[T]:
+    """Iterate, from a synchronous caller, an async generator that runs on ``lt`` (``coalesce``
+    as in :func:`aiter_on`)."""
     handoff = lt.sync_handoff
     items: queue.SimpleQueue[Any] = queue.SimpleQueue()
     put_item = items.put
@@ -209,6 +227,10 @@ def iter_on(lt: LoopThread, agen_factory: Callable[[], AsyncIterator[T]]) -> Ite
     try:
         while True:
             item = items.get()
+            if coalesce is not None and not items.empty() and _plain(item):
+                *earlier, item = _coalesced(item, items.get_nowait, items.empty, coalesce)
+                for plain in earlier:
+                    yield plain
             if item is _DONE:
                 return
             if isinstance(item, _Raised):
@@ -217,3 +239,27 @@ def iter_on(lt: LoopThread, agen_factory: Callable[[], AsyncIterator[T]]) -> Ite
     finally:
         if not pump.done():
             pump.cancel()
+
+
+def _plain(item: Any) -> bool:
+    return item is not _DONE and not isinstance(item, _Raised)
+
+
+def _coalesced(
+    first: Any,
+    get_nowait: Callable[[], Any],
+    empty: Callable[[], bool],
+    coalesce: Callable[[list[Any]], list[Any]],
+) -> list[Any]:
+    """``first`` and the items queued behind it, the plain ones coalesced; an end marker (the
+    end of the stream or an error), if one was queued, comes last, as it was."""
+    run = [first]
+    end = None
+    while not empty():
+        item = get_nowait()
+        if not _plain(item):
+            end = item
+            break
+        run.append(item)
+    merged = coalesce(run) if len(run) > 1 else run
+    return [*merged, end] if end is not None else merged

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Delta", "TokenLogprob", "ToolCallDelta", "Usage"]
+from .metrics import RequestMetrics
+
+__all__ = ["Delta", "TokenLogprob", "ToolCallDelta", "Usage", "coalesce"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +21,9 @@ class Usage:
     """Tokens in the rendered prompt."""
     completion_tokens: int
     """Tokens generated, over all choices."""
+    cached_tokens: int = 0
+    """Prompt tokens found in vLLM's prefix cache (not computed again); part of
+    ``prompt_tokens``."""
 
     @property
     def total_tokens(self) -> int:
@@ -63,7 +68,7 @@ class Delta:
     """One step of a streamed answer.
 
     The last delta of a choice has ``finish_reason`` set; the last delta of the request also
-    carries ``usage``.
+    carries ``usage`` and ``metrics``.
     """
 
     text: str = ""
@@ -84,3 +89,44 @@ class Delta:
     """The stop string or token id that ended the choice, if any."""
     usage: Usage | None = None
     """Token counts, on the last delta of the request."""
+    metrics: RequestMetrics | None = None
+    """Timings of the request (queue, first token, prefill, decode, end to end), on the last
+    delta of the request."""
+
+
+def coalesce(deltas: list[Delta]) -> list[Delta]:
+    """Join consecutive deltas of the same choice into one, for a consumer that fell behind.
+
+    Still true deltas: text, reasoning, token ids and logprobs concatenate in order, tool-call
+    fragments follow one another, and the later delta's ``finish_reason``, ``stop_reason``,
+    ``usage`` and ``metrics`` are kept (the earlier one has none: it was not the last). Deltas
+    of different choices (``n > 1``) stay apart.
+    """
+    out: list[Delta] = []
+    for delta in deltas:
+        if out:
+            last = out[-1]
+            if (
+                last.index == delta.index
+                and last.finish_reason is None
+                and (last.logprobs is None) == (delta.logprobs is None)
+            ):
+                out[-1] = Delta(
+                    text=last.text + delta.text,
+                    reasoning=last.reasoning + delta.reasoning,
+                    tool_calls=last.tool_calls + delta.tool_calls,
+                    token_ids=last.token_ids + delta.token_ids,
+                    logprobs=(
+                        last.logprobs + delta.logprobs  # type: ignore[operator]
+                        if delta.logprobs is not None
+                        else None
+                    ),
+                    index=delta.index,
+                    finish_reason=delta.finish_reason,
+                    stop_reason=delta.stop_reason,
+                    usage=delta.usage,
+                    metrics=delta.metrics,
+                )
+                continue
+        out.append(delta)
+    return out

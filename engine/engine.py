@@ -23,10 +23,12 @@ from typing import Any, TypeVar
 
 from . import embeddings, render, scoring
 from .bridge import aiter_on, iter_on
-from .deltas import Delta
-from .errors import ModelLoadError
+from .deltas import Delta, coalesce
+from .errors import EngineUnavailableError, ModelLoadError
 from .generate import generate
 from .lora import LoRARegistry
+from .metrics import EngineStats
+from .platform_defaults import PlatformDefaults
 from .request import Request, build_request
 from .runtime import Runtime, start_runtime
 from .sampling import DEFAULTS, layer_sampling
@@ -44,7 +46,8 @@ class Engine:
         self.model = str(model)
         """Model path or hub id."""
         self.vllm_kwargs: dict[str, Any] = dict(vllm_kwargs or {})
-        """Options passed to vLLM's ``AsyncEngineArgs``."""
+        """The options given by the user (the engine's identity in :func:`get_engine`); on a CPU
+        the engine adds defaults for the ones left unset (:attr:`platform_defaults`)."""
         self.adapters = LoRARegistry()
         """The LoRA adapters calls have named (kept across restarts: same directory, same id)."""
         self._lock = threading.Lock()
@@ -106,6 +109,15 @@ class Engine:
     # -- what the engine decided -----------------------------------------------------------
 
     @property
+    def platform_defaults(self) -> PlatformDefaults | None:
+        """What the running engine started with (``None`` before it starts): ``.kwargs`` (every
+        option passed to vLLM) and ``.chosen`` (options vllm-inline set for a CPU because the
+        user did not, each with a reason: ``dtype``, ``kv_cache_memory_bytes``,
+        ``enforce_eager``, ...). See :mod:`.platform_defaults`."""
+        runtime = self._runtime
+        return runtime.platform_defaults if runtime is not None else None
+
+    @property
     def stop_policy(self) -> StopPolicy:
         """The stop tokens and template source chosen for the model (starts the engine)."""
         return self._started().stop_policy
@@ -125,6 +137,18 @@ class Engine:
         """Sampling values used when a call sets none: package defaults under the model's."""
         return layer_sampling(DEFAULTS, self._started().model_defaults)
 
+    def stats(self) -> EngineStats:
+        """A snapshot of the running engine: requests running and waiting, KV-cache usage,
+        prefix-cache hit rate, tokens so far (cheap: no call into vLLM). Raises
+        :class:`EngineUnavailableError` when the engine is not running."""
+        runtime = self._runtime
+        if runtime is None:
+            raise EngineUnavailableError(
+                f"The engine for {self.model!r} is not running, so it has no stats: start it "
+                "(engine.start(), or any request) first."
+            )
+        return runtime.stats.snapshot()
+
     def num_unfinished_requests(self) -> int:
         """Requests in flight in the engine (0 when it is not running)."""
         runtime = self._runtime
@@ -142,8 +166,10 @@ class Engine:
         Keyword arguments: ``prompt`` (a pre-formatted prompt instead of ``messages``),
         ``tools``, ``tool_choice``, ``chat_template``, ``chat_template_kwargs``,
         ``tool_parser``, ``reasoning_parser``, ``structured_outputs``, ``lora`` (a LoRA adapter
-        directory, ``(name, path)`` or a name seen before: see :mod:`.lora`) and any vLLM sampling
-        value (``max_tokens``, ``temperature``, ``stop``, ``seed``, ``n``, ``logprobs``, ...).
+        directory, ``(name, path)`` or a name seen before: see :mod:`.lora`), ``priority`` (an int,
+        lower first; needs ``scheduling_policy="priority"``), ``timeout`` (seconds, then the
+        request is aborted with :class:`RequestTimeoutError`) and any vLLM sampling value
+        (``max_tokens``, ``temperature``, ``stop``, ``seed``, ``n``, ``logprobs``, ...).
         Bad arguments raise here, before anything starts; iterate the result from any event
         loop (it never blocks it). The engine starts on the first iteration.
         """
@@ -151,7 +177,7 @@ class Engine:
 
     async def _astream(self, request: Request) -> AsyncIterator[Delta]:
         runtime = await self._astarted()
-        async for delta in aiter_on(runtime.loop, lambda: generate(runtime, request)):
+        async for delta in aiter_on(runtime.loop, lambda: generate(runtime, request), coalesce):
             yield delta
 
     def stream(
@@ -162,7 +188,7 @@ class Engine:
 
     def _stream(self, request: Request) -> Iterator[Delta]:
         runtime = self._started()
-        yield from iter_on(runtime.loop, lambda: generate(runtime, request))
+        yield from iter_on(runtime.loop, lambda: generate(runtime, request), coalesce)
 
     async def aembed(
         self,
@@ -215,8 +241,9 @@ class Engine:
 
         One float per document, in order (higher is more relevant). A query-document pair
         longer than ``max_model_len`` raises :class:`ContextLengthExceededError` naming
-        ``documents[i]`` unless ``truncate=True``. Pairs are rendered ``batch_size`` at a time
-        and all submitted concurrently. Works from any event loop. See :mod:`.scoring`.
+        ``documents[i]`` unless ``truncate=True``. Pairs are rendered ``batch_size`` at a time,
+        each batch submitted as soon as it is rendered. Works from any event loop. See
+        :mod:`.scoring`.
         """
         docs = scoring.validate_pairs(query, documents, truncate, batch_size)
         if not docs:

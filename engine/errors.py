@@ -17,7 +17,9 @@ __all__ = [
     "EngineDeadError",
     "EngineShutdownError",
     "EngineUnavailableError",
+    "InsufficientMemoryError",
     "ModelLoadError",
+    "RequestTimeoutError",
     "UnsupportedTaskError",
     "VLLMInlineError",
 ]
@@ -69,6 +71,21 @@ class ModelLoadError(VLLMInlineError):
     """The model could not be found or loaded (missing path, no tokenizer, bad engine option)."""
 
 
+class InsufficientMemoryError(ModelLoadError):
+    """The engine options ask for more memory than the machine has free; raised before any
+    process starts. ``option`` names the option (``"kv_cache_memory_bytes"``,
+    ``"max_model_len"``, ``"gpu_memory_utilization"``)."""
+
+    def __init__(self, message: str, *, option: str, requested_bytes: int, free_bytes: int) -> None:
+        super().__init__(message)
+        self.option = option
+        """The engine option whose request does not fit."""
+        self.requested_bytes = requested_bytes
+        """Bytes that option asks for."""
+        self.free_bytes = free_bytes
+        """Bytes free on the machine (its memory node) when the engine was about to start."""
+
+
 class EngineUnavailableError(VLLMInlineError, RuntimeError):
     """The engine cannot serve requests right now."""
 
@@ -83,3 +100,13 @@ class EngineDeadError(EngineUnavailableError):
 
 class EngineShutdownError(EngineUnavailableError):
     """The engine was shut down while the stream was running."""
+
+
+class RequestTimeoutError(VLLMInlineError, TimeoutError):
+    """The request ran past its ``timeout`` and was aborted in the engine. A stream raises it
+    after the deltas it already delivered; the engine keeps serving everyone else."""
+
+    def __init__(self, message: str, *, timeout: float) -> None:
+        super().__init__(message)
+        self.timeout = timeout
+        """The deadline the request had, in seconds."""

@@ -22,6 +22,7 @@ from typing import Any
 
 from .deltas import Delta, TokenLogprob, Usage
 from .lora import lora_request
+from .metrics import request_metrics
 from .parsing import OutputParser, make_parser_factory
 from .render import render
 from .request import Request
@@ -37,7 +38,7 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
     """Stream ``request``'s answer as deltas; runs on the engine loop (see :mod:`.bridge`)."""
     from . import _vllm
 
-    async with runtime.guard("stream", runner="generate") as llm:
+    async with runtime.guard("stream", runner="generate", timeout=request.timeout) as llm:
         engine_input = await render(runtime, request)
         prompt_ids = list(engine_input["prompt_token_ids"])
         prompt_tokens = len(prompt_ids)
@@ -69,7 +70,10 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
         completion_tokens = 0
         pending_ids: dict[int, list[int]] = {}
         request_id = f"vllm-inline-{next(_request_ids)}"
-        async for out in llm.generate(engine_input, params, request_id, lora_request=lora):
+        stream = llm.generate(
+            engine_input, params, request_id, lora_request=lora, priority=request.priority
+        )
+        async for out in stream:
             last = len(out.outputs) - 1
             for k, c in enumerate(out.outputs):
                 completion_tokens += len(c.token_ids)
@@ -80,11 +84,14 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
                 text, reasoning, tool_calls = parser.feed(c.text, c.token_ids, finish is not None)
                 if finish == "stop" and parser.called_tools:
                     finish = "tool_calls"
-                usage = (
-                    Usage(len(out.prompt_token_ids or ()) or prompt_tokens, completion_tokens)
-                    if out.finished and k == last
-                    else None
-                )
+                usage = metrics = None
+                if out.finished and k == last:
+                    usage = Usage(
+                        len(out.prompt_token_ids or ()) or prompt_tokens,
+                        completion_tokens,
+                        out.num_cached_tokens or 0,
+                    )
+                    metrics = request_metrics(out.metrics)
                 ids = pending_ids.pop(c.index, []) + list(c.token_ids)
                 if not (text or reasoning or tool_calls or finish):
                     pending_ids[c.index] = ids  # partial UTF-8: carried to the next delta
@@ -99,6 +106,7 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
                     finish_reason=finish,
                     stop_reason=c.stop_reason,
                     usage=usage,
+                    metrics=metrics,
                 )
 
 

@@ -9,6 +9,8 @@ The later steps are :mod:`.render` (prompt ids) and :mod:`.generate` (sampling, 
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +49,10 @@ class Request:
     """vLLM reasoning parser name."""
     lora: Adapter | None = None
     """The LoRA adapter of the call (``None``: the base model)."""
+    priority: int = 0
+    """vLLM's scheduling priority: lower runs first (needs ``scheduling_policy="priority"``)."""
+    timeout: float | None = None
+    """Seconds the request may run before it is aborted (``None``: no deadline)."""
 
 
 def build_request(
@@ -82,6 +88,22 @@ def build_request(
     tool_parser = options.pop("tool_parser", None)
     reasoning_parser = options.pop("reasoning_parser", None)
     lora = adapters.resolve(options.pop("lora", None))
+    priority = options.pop("priority", None)
+    if priority is None:
+        priority = 0
+    elif isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
+        raise BadRequestError.invalid(
+            "priority", priority, "an integer (lower runs first; the engine needs "
+            "vllm_kwargs={'scheduling_policy': 'priority'})"
+        )
+    timeout = options.pop("timeout", None)
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, numbers.Real)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise BadRequestError.invalid("timeout", timeout, "a positive number of seconds, or None")
     sampling = check_sampling(options, max_model_len=max_model_len)
     return Request(
         messages=validate_messages(messages) if messages is not None else None,
@@ -95,4 +117,6 @@ def build_request(
         tool_parser=tool_parser,
         reasoning_parser=reasoning_parser,
         lora=lora,
+        priority=int(priority),
+        timeout=float(timeout) if timeout is not None else None,
     )

@@ -23,9 +23,12 @@ from .errors import (
     EngineDeadError,
     EngineShutdownError,
     ModelLoadError,
+    RequestTimeoutError,
     UnsupportedTaskError,
     VLLMInlineError,
 )
+from .metrics import StatsBook
+from .platform_defaults import PlatformDefaults
 from .stops import StopPolicy, decide_stop_policy
 from .templates import TemplateChoice, resolve_chat_template
 
@@ -57,6 +60,10 @@ class Runtime:
     """Sampling values from the model's ``generation_config.json``."""
     max_model_len: int
     """The context window in tokens."""
+    stats: StatsBook
+    """The engine's running figures, written by vLLM's stat loggers after every step."""
+    platform_defaults: PlatformDefaults
+    """The options vLLM was started with, and those chosen for this machine (with reasons)."""
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     """Work in flight on the loop (cancelled by :meth:`shutdown`)."""
     loaded_adapters: set[int] = field(default_factory=set)
@@ -65,15 +72,26 @@ class Runtime:
     """True once :meth:`shutdown` began: cancelled work ends with :class:`EngineShutdownError`."""
 
     @asynccontextmanager
-    async def guard(self, what: str, runner: str | None = None) -> AsyncIterator[Any]:
+    async def guard(
+        self, what: str, runner: str | None = None, timeout: float | None = None
+    ) -> AsyncIterator[Any]:
         """Run a piece of work on the engine loop; yields the ``AsyncLLM``.
 
         ``what`` names the work in errors ("stream", "embedding call"); ``runner`` (vLLM's
-        ``"generate"`` or ``"pooling"``), when given, is the runner the work needs.
+        ``"generate"`` or ``"pooling"``), when given, is the runner the work needs. After
+        ``timeout`` seconds the work is cancelled (which aborts its vLLM requests) and
+        :class:`RequestTimeoutError` raised.
         """
         task = asyncio.current_task()
         assert task is not None, "Runtime.guard runs on the engine loop"
         self.tasks.add(task)
+        expired: list[bool] = []
+
+        def expire() -> None:
+            expired.append(True)
+            task.cancel()
+
+        timer = asyncio.get_running_loop().call_later(timeout, expire) if timeout else None
         try:
             llm = self.llm
             if llm is None or llm.errored:
@@ -89,6 +107,12 @@ class Runtime:
                 raise EngineShutdownError(
                     f"The engine for {self.model!r} was shut down while this {what} ran."
                 ) from None
+            if expired and _uncancel(task) == 0:  # our own deadline, not the caller's cancel
+                raise RequestTimeoutError(
+                    f"The {what} on {self.model!r} ran past its timeout of {timeout} s and was "
+                    "aborted. Raise timeout=..., or lower max_tokens.",
+                    timeout=float(timeout or 0),
+                ) from None
             raise
         except VLLMInlineError:
             raise
@@ -100,6 +124,8 @@ class Runtime:
                 raise
             raise mapped from e
         finally:
+            if timer is not None:
+                timer.cancel()
             self.tasks.discard(task)
 
     def shutdown(self) -> None:
@@ -123,6 +149,12 @@ class Runtime:
         self.loop.stop()
         self.llm = None
         gc.collect()  # run AsyncLLM.__del__ now, while the interpreter is whole
+
+
+def _uncancel(task: asyncio.Task[Any]) -> int:
+    """``task.uncancel()`` (Python 3.11+): the cancel requests still pending after ours."""
+    uncancel = getattr(task, "uncancel", None)
+    return uncancel() if uncancel is not None else 0
 
 
 def require_runner(model: str, llm: Any, wanted: str) -> None:
@@ -157,8 +189,9 @@ def start_runtime(model: str, vllm_kwargs: Mapping[str, Any]) -> Runtime:
     """Start vLLM for ``model`` on a new loop thread and decide template and stop policy."""
     _preflight(model, vllm_kwargs)
     loop = LoopThread(name=f"vllm-inline:{os.path.basename(model.rstrip('/'))}")
+    stats = StatsBook()
     try:
-        llm = loop.submit(_build(model, vllm_kwargs)).result()
+        llm, defaults = loop.submit(_build(model, vllm_kwargs, stats)).result()
     except BaseException as e:
         loop.stop()
         if isinstance(e, VLLMInlineError):
@@ -183,10 +216,13 @@ def start_runtime(model: str, vllm_kwargs: Mapping[str, Any]) -> Runtime:
         stop_policy=policy,
         model_defaults=dict(llm.model_config.get_diff_sampling_param()),
         max_model_len=int(llm.model_config.max_model_len),
+        stats=stats,
+        platform_defaults=defaults,
     )
     logger.info(
-        "vllm-inline engine started: model=%s template=%s stop_ids=%s (%s)",
+        "vllm-inline engine started: model=%s template=%s stop_ids=%s (%s) chosen: %s",
         model, template.source, list(policy.stop_token_ids), ", ".join(policy.stop_tokens),
+        defaults.summary(),
     )
     return runtime
 
@@ -211,11 +247,15 @@ def _preflight(model: str, vllm_kwargs: Mapping[str, Any]) -> None:
             )
 
 
-async def _build(model: str, vllm_kwargs: Mapping[str, Any]) -> Any:
+async def _build(
+    model: str, vllm_kwargs: Mapping[str, Any], stats: StatsBook
+) -> tuple[Any, PlatformDefaults]:
     # Built on the loop thread, so vLLM's output handler binds to this loop. vLLM is first
     # imported here too: some of its modules keep import-time tracebacks, which would keep
     # the caller's frames (and through them the engine) alive until interpreter exit.
     from . import _vllm
 
     _vllm.check_engine_kwargs(model, vllm_kwargs)
-    return _vllm.start_engine(model, vllm_kwargs)
+    # Measured before anything is spawned: a request for more memory than is free fails here.
+    defaults = _vllm.decide_engine_kwargs(model, vllm_kwargs)
+    return _vllm.start_engine(model, defaults.kwargs, stats), defaults

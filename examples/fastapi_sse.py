@@ -2,6 +2,7 @@
 
     python examples/fastapi_sse.py [--model M] [--port 8000]
     curl -N 'http://127.0.0.1:8000/chat?q=Hello'
+    curl http://127.0.0.1:8000/metrics/        # vLLM's Prometheus metrics of the engine
 
 or ``MODEL=<hub id or path> uvicorn examples.fastapi_sse:app``. The engine lives in the server
 process: run one worker per engine (``--workers 1``; every worker process loads its own copy of
@@ -19,8 +20,10 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
+from prometheus_client import make_asgi_app
 
-from vllm_inline.cli import engine_kwargs_for, resolve_model
+from vllm_inline.cli import resolve_model
+from vllm_inline.engine import prometheus_registry
 from vllm_inline.integrations.langchain import ChatVLLM
 
 
@@ -31,7 +34,7 @@ def sse(data: str, event: str | None = None) -> str:
 
 
 def create_app(model: str | None = None) -> FastAPI:
-    llm = ChatVLLM(model=resolve_model(model), vllm_kwargs=engine_kwargs_for(model), max_tokens=256)
+    llm = ChatVLLM(model=resolve_model(model), max_tokens=256)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -42,6 +45,8 @@ def create_app(model: str | None = None) -> FastAPI:
         await asyncio.to_thread(llm.engine.shutdown)
 
     app = FastAPI(lifespan=lifespan)
+    # vLLM's own metrics of every engine in this process (docs/observability.md).
+    app.mount("/metrics", make_asgi_app(registry=prometheus_registry()))
 
     @app.get("/chat")
     async def chat(q: str) -> StreamingResponse:

@@ -16,7 +16,7 @@ import argparse
 from langchain.agents import create_agent
 from langchain_core.tools import tool
 
-from vllm_inline.cli import engine_kwargs_for, resolve_model
+from vllm_inline.cli import resolve_model
 from vllm_inline.integrations.langchain import ChatVLLM
 
 
@@ -29,7 +29,6 @@ def get_weather(city: str) -> str:
 def main(model: str | None = None, question: str = "What is the weather in Oslo?") -> list:
     llm = ChatVLLM(
         model=resolve_model(model, scenario="chatml_tools"),
-        vllm_kwargs=engine_kwargs_for(model),
         max_tokens=256,
     )
     agent = create_agent(llm, tools=[get_weather], system_prompt="You are a helpful assistant.")

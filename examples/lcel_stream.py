@@ -11,17 +11,15 @@ import argparse
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 
-from vllm_inline.cli import engine_kwargs_for, resolve_model
+from vllm_inline.cli import resolve_model
 from vllm_inline.integrations.langchain import ChatVLLM
 
 
 def main(model: str | None = None, question: str = "What does vllm-inline do?") -> str:
-    # resolve_model(None) builds the embedded demo model; engine_kwargs_for picks options that
-    # work on this machine (float32 and a small KV cache on a CPU). Pass your own vllm_kwargs,
-    # e.g. {"dtype": "bfloat16", "max_model_len": 8192}, on a GPU.
+    # resolve_model(None) builds the embedded demo model. No engine options are needed: on a
+    # CPU the engine picks dtype, KV-cache size and eager mode; any vllm_kwargs you pass win.
     llm = ChatVLLM(
         model=resolve_model(model),
-        vllm_kwargs=engine_kwargs_for(model),
         temperature=0.7,
         max_tokens=256,
     )

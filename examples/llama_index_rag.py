@@ -13,7 +13,7 @@ import argparse
 
 from llama_index.core import Document, SimpleKeywordTableIndex
 
-from vllm_inline.cli import engine_kwargs_for, resolve_model
+from vllm_inline.cli import resolve_model
 from vllm_inline.integrations.llama_index import VLLM
 
 DOCUMENTS = [
@@ -27,7 +27,7 @@ DOCUMENTS = [
 
 
 def main(model: str | None = None, question: str = "How does streaming work?"):
-    llm = VLLM(model=resolve_model(model), vllm_kwargs=engine_kwargs_for(model), max_tokens=128)
+    llm = VLLM(model=resolve_model(model), max_tokens=128)
     index = SimpleKeywordTableIndex.from_documents([Document(text=t) for t in DOCUMENTS], llm=llm)
     # "simple_summarize" puts the retrieved text into one prompt; the default ("compact")
     # reserves 500 tokens of padding, more than the embedded model's 512-token window allows.

@@ -1,44 +1,20 @@
 """Shared fixtures: scripted tiny models on real vLLM engines, one engine per model per session.
 
 Every test that needs an engine asks for ``scripted("<scenario>")``; the model is built once
-(:mod:`vllm_inline.scripted`) and the engine comes from :func:`get_engine` with
-:data:`ENGINE_KWARGS`, so the engine tests and both integrations share the same engines.
+(:func:`vllm_inline.testing.scripted_model`) and its engine comes from :func:`get_engine` with
+the kit's ``CPU_TEST_ENGINE_KWARGS`` (float32, a 512-token context, eager mode, a 128 MiB KV
+cache), so the engine tests and both integrations share the same engines.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-# The CPU facts from ../shared/TESTING.md: float32 only; a small explicit KV cache (the
-# gpu_memory_utilization share is taken of one NUMA node and fails at start); eager mode and
-# a short context keep start-up near 20 s.
-ENGINE_KWARGS: dict = {
-    "dtype": "float32",
-    "max_model_len": 512,
-    "enforce_eager": True,
-    "kv_cache_memory_bytes": 128 * 2**20,
-}
-
-
-@dataclass(frozen=True)
-class Scripted:
-    """A scripted model and its shared engine."""
-
-    name: str
-    path: str
-    scenario: object
-    engine_kwargs: dict
-
-    @property
-    def engine(self):
-        from vllm_inline.engine import get_engine
-
-        return get_engine(self.path, **self.engine_kwargs)
+from vllm_inline.testing import ScriptedModel, scripted_model
 
 
 @pytest.fixture(scope="session")
@@ -48,16 +24,13 @@ def scripted_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def scripted(scripted_root: Path) -> Iterator[Callable[[str], Scripted]]:
-    """``scripted("llama3")`` -> :class:`Scripted` (model built once, engine shared)."""
-    from vllm_inline.scripted import SCENARIOS, build_scripted_model
+def scripted(scripted_root: Path) -> Iterator[Callable[[str], ScriptedModel]]:
+    """``scripted("llama3")`` -> :class:`ScriptedModel` (model built once, engine shared)."""
+    cache: dict[str, ScriptedModel] = {}
 
-    cache: dict[str, Scripted] = {}
-
-    def get(name: str) -> Scripted:
+    def get(name: str) -> ScriptedModel:
         if name not in cache:
-            path = build_scripted_model(name, root=scripted_root)
-            cache[name] = Scripted(name, str(path), SCENARIOS[name], dict(ENGINE_KWARGS))
+            cache[name] = scripted_model(name, root=scripted_root)
         return cache[name]
 
     yield get

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_inline.scripted import SCENARIOS
+from vllm_inline.testing import SCENARIOS
 
 pytestmark = pytest.mark.engine
 

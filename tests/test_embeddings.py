@@ -1,7 +1,7 @@
 """Embeddings on a real pooling engine: ``Engine.embed``, LangChain ``VLLMEmbeddings`` and
 LlamaIndex ``VLLMEmbedding``, then RAG with a scripted chat model answering on top, in one process.
 
-The embedder is :func:`vllm_inline.embedding_model.build_embedding_model`: a random-weight
+The embedder is :func:`vllm_inline.testing.build_embedding_model`: a random-weight
 ``LlamaModel`` (hidden 128) with sentence-transformers files asking for mean pooling and L2
 normalisation. Its vectors are close to a bag of words, so a query finds the document it shares
 words with. One pooling engine serves the whole module.
@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from vllm_inline.embedding_model import EMBEDDING_HIDDEN_SIZE, build_embedding_model
 from vllm_inline.engine import (
     BadRequestError,
     ContextLengthExceededError,
     UnsupportedTaskError,
     get_engine,
 )
+from vllm_inline.testing import EMBEDDING_HIDDEN_SIZE, build_embedding_model
 
 pytestmark = pytest.mark.engine
 
@@ -49,7 +49,7 @@ def norm(v: list[float]) -> float:
 def embedder(scripted, scripted_root: Path):
     """``(path, engine_kwargs, engine)``: the tiny embedder on its shared pooling engine."""
     path = str(build_embedding_model(scripted_root))
-    kwargs = scripted("chatml").engine_kwargs  # the suite's ENGINE_KWARGS
+    kwargs = scripted("chatml").engine_kwargs  # the kit's CPU_TEST_ENGINE_KWARGS
     engine = get_engine(path, runner="pooling", **kwargs)
     engine.start()
     return path, kwargs, engine

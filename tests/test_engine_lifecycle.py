@@ -23,10 +23,11 @@ USER = [{"role": "user", "content": "hi"}]
 def test_engine_exports_are_pinned():
     assert sorted(engine_module.__all__) == sorted([
         "DEFAULTS", "BadRequestError", "ChatTemplateError", "ContextLengthExceededError",
-        "Delta", "Engine", "EngineDeadError", "EngineShutdownError", "EngineUnavailableError",
-        "ModelLoadError", "StopPolicy", "TokenLogprob", "ToolCallDelta", "UnsupportedTaskError",
-        "Usage",
-        "VLLMInlineError", "get_engine", "shutdown_all",
+        "Delta", "Engine", "EngineDeadError", "EngineShutdownError", "EngineStats",
+        "EngineUnavailableError", "InsufficientMemoryError", "ModelLoadError", "RequestMetrics",
+        "RequestTimeoutError", "StopPolicy", "TokenLogprob", "ToolCallDelta",
+        "UnsupportedTaskError", "Usage", "VLLMInlineError", "get_engine", "prometheus_registry",
+        "shutdown_all",
     ])
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -259,3 +260,31 @@ def test_same_model_and_options_give_the_same_engine(scripted):
     s = scripted("llama3")
     assert get_engine(s.path, **s.engine_kwargs) is s.engine
     assert get_engine(s.path, **{**s.engine_kwargs, "max_model_len": 256}) is not s.engine
+
+
+def test_coalesce_joins_a_choices_pending_deltas_only() -> None:
+    from vllm_inline.engine.deltas import Delta, Usage, coalesce
+
+    a, b = Delta(text="Hel", token_ids=(1,)), Delta(text="lo", token_ids=(2,))
+    end = Delta(text=".", token_ids=(3,), finish_reason="stop", usage=Usage(4, 3))
+    other = Delta(text="x", token_ids=(9,), index=1)
+    assert coalesce([a, b, end]) == [
+        Delta(text="Hello.", token_ids=(1, 2, 3), finish_reason="stop", usage=Usage(4, 3))
+    ]
+    assert coalesce([a, other, b]) == [a, other, b]  # two choices stay apart
+    assert coalesce([end, a]) == [end, a]  # nothing joins after a finished choice
+
+
+def test_a_consumer_that_falls_behind_gets_the_missed_deltas_joined(scripted) -> None:
+    s = scripted("long")
+    kw = {"ignore_eos": True, "max_tokens": 200}
+    steady = list(s.engine.stream(USER, **kw))
+    late = []
+    for delta in s.engine.stream(USER, **kw):
+        late.append(delta)
+        if len(late) == 2:
+            time.sleep(1.0)  # the engine keeps going meanwhile
+    assert _joined(late) == _joined(steady)
+    assert sum(len(d.token_ids) for d in late) == sum(len(d.token_ids) for d in steady) == 200
+    assert len(late) < len(steady), "the deltas that piled up arrive as fewer, larger ones"
+    assert late[-1].usage == steady[-1].usage or late[-1].usage.completion_tokens == 200

@@ -1,8 +1,8 @@
 """The examples under ``examples/`` run on scripted models, on the session's shared engines.
 
 Each example's ``main()`` is imported and called with a scripted model's path; the examples
-pick the same engine options for it (``vllm_inline.cli.engine_kwargs_for``) as the fixtures, so
-they share the engines the rest of the suite starts. The FastAPI example is served by uvicorn
+pass no engine options (on this CPU the engine picks dtype, KV cache and eager mode itself), so
+they run on engines of their own, next to the suite's (which set those options explicitly). The FastAPI example is served by uvicorn
 on 127.0.0.1 in a thread and read with an HTTP client over a real socket.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from vllm_inline.cli import engine_kwargs_for
+from vllm_inline.engine import get_engine
 
 pytestmark = pytest.mark.engine
 
@@ -45,16 +45,18 @@ def run(s: Any, name: str) -> tuple[Any, str]:
     The engine starts first, outside the redirect: vLLM binds its log handler to the
     ``sys.stdout`` of the moment it is imported, which must outlive this test.
     """
-    s.engine.start()
+    get_engine(s.path).start()  # the examples' engine: no options
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         result = load(name).main(s.path)
     return result, out.getvalue()
 
 
-def test_examples_share_the_suites_engines(scripted: Any) -> None:
-    s = scripted("demo")
-    assert engine_kwargs_for(s.path) == s.engine_kwargs
+def test_examples_pass_no_cpu_settings() -> None:
+    for path in EXAMPLES.glob("*.py"):
+        source = path.read_text()
+        assert "vllm_kwargs" not in source.replace("vllm_kwargs you pass", ""), path
+        assert "float32" not in source, path
 
 
 def test_lcel_chain_streams_to_stdout(scripted: Any) -> None:

@@ -262,7 +262,10 @@ def test_last_delta_carries_usage_and_metadata() -> None:
         "m",
     )
     assert last.chunk_position == "last"
-    assert last.usage_metadata == {"input_tokens": 5, "output_tokens": 3, "total_tokens": 8}
+    assert last.usage_metadata == {
+        "input_tokens": 5, "output_tokens": 3, "total_tokens": 8,
+        "input_token_details": {"cache_read": 0},
+    }
     assert last.response_metadata == {
         "finish_reason": "stop",
         "model_name": "m",

@@ -158,7 +158,10 @@ def test_response_builder_folds_deltas() -> None:
     (selection,) = tool_selections(last.message.blocks)
     assert (selection.tool_id, selection.tool_name, selection.tool_kwargs) == ("c1", "get_weather", {"city": "Oslo"})
     assert last.additional_kwargs == {
-        "prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9, "finish_reason": "tool_calls"
+        "prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9, "cached_tokens": 0,
+        "finish_reason": "tool_calls",
     }
-    assert last.raw["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+    assert last.raw["usage"] == {
+        "prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9, "cached_tokens": 0
+    }
     assert aggregate(iter(responses)).delta is None  # the non-streaming answer

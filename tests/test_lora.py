@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ENGINE_KWARGS
+from vllm_inline.testing import CPU_TEST_ENGINE_KWARGS
 
 pytestmark = pytest.mark.engine
 
@@ -28,7 +28,7 @@ _SCRIPTS = {
     "paris": ("The", " capital", " of", " France", " is", " Paris", ".", "<|eot_id|>"),
     "hello": ("Hello", " there", "!", "<|eot_id|>"),
 }
-LORA_KWARGS = {**ENGINE_KWARGS, "enable_lora": True, "max_loras": 2, "max_lora_rank": 8}
+LORA_KWARGS = {**CPU_TEST_ENGINE_KWARGS, "enable_lora": True, "max_loras": 2, "max_lora_rank": 8}
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
 

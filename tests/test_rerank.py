@@ -154,7 +154,7 @@ def test_wrong_engine_is_a_typed_error(scripted, reranker) -> None:
 
 def test_an_embedding_model_is_no_reranker(scripted, scripted_root: Path) -> None:
     # The embedding tests' engine (same model and options): already running in a full run.
-    from vllm_inline.embedding_model import build_embedding_model
+    from vllm_inline.testing import build_embedding_model
 
     path = str(build_embedding_model(scripted_root))
     embedder = get_engine(path, runner="pooling", **scripted("llama3").engine_kwargs)

@@ -1,4 +1,4 @@
-"""``python -m vllm_inline demo|chat [--model M]``."""
+"""``python -m vllm_inline demo|chat [--model M]`` and ``check --model M``."""
 
 import sys
 

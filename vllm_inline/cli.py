@@ -1,14 +1,15 @@
-"""``python -m vllm_inline``: the demo and an interactive streaming chat in the terminal.
+"""``python -m vllm_inline``: the demo, an interactive streaming chat, and a model check.
 
 ``demo`` streams an answer token by token from the embedded scripted model (built locally, no
 download) or from ``--model``; ``chat`` is a multi-turn chat with a spinner while the engine
-starts.
+starts; ``check --model M`` says whether vllm-inline runs ``M`` right (see docs/models.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import sys
 import threading
@@ -16,34 +17,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from .testing import build_scripted_model
+
 __all__ = ["main"]
 
 DEMO_QUESTION = "What does vllm-inline do?"
-
-
-def is_scripted(model: str | None) -> bool:
-    """True for the embedded demo model and any other scripted model directory."""
-    return model is None or os.path.isfile(os.path.join(os.path.expanduser(model), "scenario.json"))
-
-
-def engine_kwargs_for(model: str | None) -> dict[str, Any]:
-    """vLLM options that work on this machine: float32 and a small KV cache on a CPU.
-
-    ``model=None`` (the embedded demo model) and scripted model directories get the small
-    settings the test suite uses, so a demo or an example run in the tests shares its engine.
-    """
-    import torch
-
-    small = is_scripted(model)
-    if torch.cuda.is_available():
-        return {"max_model_len": 512 if small else 4096}
-    # On the CPU bfloat16 kills the worker (SIGILL) and the default memory share fails at start.
-    return {
-        "dtype": "float32",
-        "max_model_len": 512 if small else 2048,
-        "enforce_eager": True,
-        "kv_cache_memory_bytes": (128 if small else 1024) * 2**20,
-    }
 
 
 def resolve_model(model: str | None, scenario: str = "demo") -> str:
@@ -51,8 +29,6 @@ def resolve_model(model: str | None, scenario: str = "demo") -> str:
     second, no download): by default the embedded demo model."""
     if model:
         return model
-    from .scripted import build_scripted_model
-
     return str(build_scripted_model(scenario))
 
 
@@ -91,12 +67,14 @@ def _start_engine(model: str | None):
     from .engine import get_engine
 
     with Spinner(f"Starting vLLM and loading {model or 'the embedded demo model'}"):
-        engine = get_engine(resolve_model(model), **engine_kwargs_for(model))
+        # No options: on a CPU the engine itself picks dtype, KV-cache size and eager mode.
+        engine = get_engine(resolve_model(model))
         engine.start()
     policy = engine.stop_policy
     print(
         f"Engine ready: {model or 'embedded demo model (scripted, built locally)'}; "
-        f"chat template: {policy.template_source}; stop tokens: {', '.join(policy.stop_tokens)}",
+        f"chat template: {policy.template_source}; stop tokens: {', '.join(policy.stop_tokens)}; "
+        f"engine options chosen: {engine.platform_defaults.summary()}",
         flush=True,
     )
     return engine
@@ -172,8 +150,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--model", default=os.environ.get("MODEL") or None,
                        help="hub id or local path (default: $MODEL, else the embedded scripted model)")
         p.add_argument("--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)")
+    help_text = "check that vllm-inline runs a model right: a table, exit code 0/1 (docs/models.md)"
+    p = sub.add_parser("check", help=help_text, description=help_text)
+    p.add_argument("--model", default=os.environ.get("MODEL") or None,
+                   help="hub id or local path (default: $MODEL)")
+    p.add_argument("--tool-parser", help="vLLM tool parser for the tool round trip (default: the family's)")
+    p.add_argument("--max-tokens", type=int, default=48, help="tokens compared with transformers (48)")
+    p.add_argument("--vllm-kwargs", type=json.loads, default=None,
+                   help='engine options as JSON, e.g. \'{"max_model_len": 4096}\' (default: none)')
+    p.add_argument("--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)")
     args = parser.parse_args(argv)
     if not args.verbose:
         # Read by vLLM when it is first imported (here and in its engine-core process).
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    if args.command == "check":
+        return check(args.model, args.vllm_kwargs, args.tool_parser, args.max_tokens)
     return demo(args.model) if args.command == "demo" else chat(args.model)
+
+
+def check(model: str | None, vllm_kwargs: dict[str, Any] | None, tool_parser: str | None,
+          max_tokens: int) -> int:
+    """Run :func:`vllm_inline.check.run_check`, print its table; 0 when no row failed."""
+    if not model:
+        print("check needs --model PATH_OR_ID (or MODEL=...)", file=sys.stderr)
+        return 2
+    from .check import run_check
+    from .engine import shutdown_all
+
+    with Spinner(f"Checking {model} (starts vLLM, then loads it with transformers)"):
+        report = run_check(model, vllm_kwargs=vllm_kwargs, tool_parser=tool_parser,
+                           max_tokens=max_tokens)
+    print(report.render(), flush=True)
+    shutdown_all()
+    return 0 if report.passed else 1

@@ -54,7 +54,8 @@ _SAMPLING_FIELDS = (
     "n",
 )
 _REQUEST_FIELDS = (
-    "chat_template", "chat_template_kwargs", "tool_parser", "reasoning_parser", "lora"
+    "chat_template", "chat_template_kwargs", "tool_parser", "reasoning_parser", "lora", "timeout",
+    "priority",
 )
 
 _Indexed = tuple[int, ChatGenerationChunk]
@@ -142,6 +143,15 @@ class ChatVLLM(BaseChatModel):
     replaces it, and a call's ``lora=None`` uses the base model. Needs
     ``vllm_kwargs={"enable_lora": True, "max_lora_rank": ...}``. Default ``None``: the base
     model."""
+
+    timeout: float | None = None
+    """Seconds a call may run; then it is aborted in the engine and raises
+    ``RequestTimeoutError`` (a stream, after the chunks it delivered). A call's
+    ``timeout=`` replaces it. Default ``None``: no deadline."""
+
+    priority: int | None = None
+    """vLLM's scheduling priority of every call, lower first (a call's ``priority=`` replaces
+    it). Needs ``vllm_kwargs={"scheduling_policy": "priority"}``. Default ``None`` (0)."""
 
     extra_sampling: dict[str, Any] = Field(default_factory=dict)
     """Other vLLM sampling values for every call (``min_p``, ``presence_penalty``,

@@ -9,6 +9,7 @@ neither vLLM nor torch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -108,6 +109,7 @@ def _usage_to_metadata(usage: Usage) -> UsageMetadata:
         input_tokens=usage.prompt_tokens,
         output_tokens=usage.completion_tokens,
         total_tokens=usage.total_tokens,
+        input_token_details={"cache_read": usage.cached_tokens},
     )
 
 
@@ -154,7 +156,9 @@ def delta_to_chunk(delta: Delta, model_name: str) -> AIMessageChunk:
     LangChain shows as a reasoning content block); tool-call fragments to
     ``tool_call_chunks``. The last delta of a choice carries ``response_metadata``
     (``finish_reason``, ``model_name``, ``stop_reason``) and ``chunk_position="last"``; the last
-    delta of the request also carries ``usage_metadata``.
+    delta of the request also carries ``usage_metadata`` (cached prompt tokens as
+    ``input_token_details["cache_read"]``) and the request's timings in seconds as
+    ``response_metadata["metrics"]`` (see :class:`~vllm_inline.engine.RequestMetrics`).
     """
     additional_kwargs: dict[str, Any] = {}
     if delta.reasoning:
@@ -169,6 +173,8 @@ def delta_to_chunk(delta: Delta, model_name: str) -> AIMessageChunk:
             model_name=model_name,
             stop_reason=delta.stop_reason,
         )
+    if delta.metrics is not None:
+        response_metadata["metrics"] = dataclasses.asdict(delta.metrics)
     return AIMessageChunk(
         content=delta.text,
         additional_kwargs=additional_kwargs,

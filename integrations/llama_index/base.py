@@ -65,6 +65,8 @@ _REQUEST_OPTIONS = (
     "tool_parser",
     "reasoning_parser",
     "lora",
+    "timeout",
+    "priority",
 )
 
 
@@ -123,6 +125,17 @@ class VLLM(FunctionCallingLLM):
         "pair, or the name of an adapter the engine has seen; a call's lora=... replaces it "
         "(lora=None: the base model). "
         "Needs vllm_kwargs={'enable_lora': True, 'max_lora_rank': ...}. Default: None (base model).",
+    )
+    timeout: float | None = Field(
+        default=None,
+        description="Seconds a call may run; then it is aborted in the engine and raises "
+        "RequestTimeoutError (a stream, after the responses it delivered). A call's timeout=... "
+        "replaces it. Default: None (no deadline).",
+    )
+    priority: int | None = Field(
+        default=None,
+        description="vLLM's scheduling priority, lower first (a call's priority=... replaces "
+        "it). Needs vllm_kwargs={'scheduling_policy': 'priority'}. Default: None (0).",
     )
     additional_kwargs: dict[str, Any] = Field(
         default_factory=dict,
@@ -233,6 +246,8 @@ class VLLM(FunctionCallingLLM):
                 "tool_parser": self.tool_parser,
                 "reasoning_parser": self.reasoning_parser,
                 "lora": self.lora,
+                "timeout": self.timeout,
+                "priority": self.priority,
             },
             options,
             sampling,

@@ -10,6 +10,7 @@ calls of a response back as ``ToolSelection`` objects, and :func:`parse_structur
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -140,11 +141,13 @@ def to_engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
 
 
 def usage_dict(usage: Usage) -> dict[str, int]:
-    """Usage in the OpenAI shape LlamaIndex's token counters read."""
+    """Usage in the OpenAI shape LlamaIndex's token counters read, plus ``cached_tokens``
+    (prompt tokens found in vLLM's prefix cache)."""
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
+        "cached_tokens": usage.cached_tokens,
     }
 
 
@@ -206,6 +209,7 @@ class ResponseBuilder:
             "finish_reason": delta.finish_reason,
             "stop_reason": delta.stop_reason,
             "usage": usage,
+            "metrics": dataclasses.asdict(delta.metrics) if delta.metrics is not None else None,
         }
         self.last = ChatResponse(
             message=self.message(), delta=delta.text, raw=raw, additional_kwargs=additional

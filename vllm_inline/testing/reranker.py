@@ -15,7 +15,8 @@ are large enough for the last token to see the whole pair) and equal transformer
 
 Hidden size 128 = 2 heads of 64 (the CPU attention kernel rejects head_dim 16). Building takes
 well under a second (numpy, ``tokenizers`` and ``safetensors``; no torch) and is safe when
-several processes build at once.
+several processes build at once. Like the scripted models, it is cached under
+:func:`~vllm_inline.testing.default_root` by a digest of the kit's sources.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ import hashlib
 import json
 import os
 import pathlib
-import shutil
-import tempfile
 from typing import Any
+
+from .cache import build_once, kit_digest
 
 __all__ = ["build_reranker_model"]
 
@@ -48,43 +49,17 @@ _CORPUS = (
 
 
 def _digest() -> str:
-    source = hashlib.sha256(pathlib.Path(__file__).read_bytes()).hexdigest()
-    return hashlib.sha256(f"{_BUILD_VERSION}:{source}".encode()).hexdigest()[:16]
-
-
-def _default_root() -> pathlib.Path:
-    # The scripted models' cache; the module moves into this package with the testing kit.
-    try:
-        from vllm_inline.testing.scripted import default_root  # type: ignore[import-not-found]
-    except ImportError:
-        from vllm_inline.scripted import default_root
-    return default_root()
+    return hashlib.sha256(f"{_BUILD_VERSION}:{kit_digest()}".encode()).hexdigest()[:16]
 
 
 def build_reranker_model(root: str | os.PathLike[str] | None = None) -> pathlib.Path:
     """Build (or reuse) the tiny reranker under ``root`` and return its directory.
 
-    ``root`` defaults to the scripted models' cache (``$VLLMINLINE_CACHE/scripted``, else
-    ``~/.cache/vllm_inline/scripted``). The directory is written to a temporary name and renamed
-    into place, so one that exists is complete.
+    ``root`` defaults to the scripted models' cache (:func:`~vllm_inline.testing.default_root`).
+    The directory is written to a temporary name and renamed into place, so one that exists is
+    complete.
     """
-    root_path = pathlib.Path(root).expanduser() if root is not None else _default_root()
-    target = root_path / f"reranker-{_digest()}"
-    if (target / "config.json").is_file():
-        return target
-    root_path.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=".reranker-", dir=root_path))
-    try:
-        tmp.chmod(0o755)
-        _write_model(tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_once(root, f"reranker-{_digest()}", "config.json", _write_model)
 
 
 def _build_tokenizer() -> Any:

@@ -16,7 +16,8 @@ shares words with (what the RAG tests need), while the attention layers still mi
 
 Hidden size 128 = 2 heads of 64 (the CPU attention kernel rejects head_dim 16). Building takes
 well under a second (numpy, ``tokenizers`` and ``safetensors``; no torch) and is safe when
-several processes build at once.
+several processes build at once. Like the scripted models, it is cached under
+:func:`~vllm_inline.testing.default_root` by a digest of the kit's sources.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ import hashlib
 import json
 import os
 import pathlib
-import shutil
-import tempfile
 from typing import Any
+
+from .cache import build_once, kit_digest
 
 __all__ = ["EMBEDDING_HIDDEN_SIZE", "build_embedding_model"]
 
@@ -51,36 +52,17 @@ _CORPUS = (
 
 
 def _digest() -> str:
-    source = hashlib.sha256(pathlib.Path(__file__).read_bytes()).hexdigest()
-    return hashlib.sha256(f"{_BUILD_VERSION}:{source}".encode()).hexdigest()[:16]
+    return hashlib.sha256(f"{_BUILD_VERSION}:{kit_digest()}".encode()).hexdigest()[:16]
 
 
 def build_embedding_model(root: str | os.PathLike[str] | None = None) -> pathlib.Path:
     """Build (or reuse) the tiny embedding model under ``root`` and return its directory.
 
-    ``root`` defaults to the scripted models' cache (:func:`vllm_inline.scripted.default_root`).
+    ``root`` defaults to the scripted models' cache (:func:`~vllm_inline.testing.default_root`).
     The directory is written to a temporary name and renamed into place, so one that exists is
     complete.
     """
-    from .scripted import default_root
-
-    root_path = pathlib.Path(root).expanduser() if root is not None else default_root()
-    target = root_path / f"embedder-{_digest()}"
-    if (target / "modules.json").is_file():
-        return target
-    root_path.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=".embedder-", dir=root_path))
-    try:
-        tmp.chmod(0o755)
-        _write_model(tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / "modules.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_once(root, f"embedder-{_digest()}", "modules.json", _write_model)
 
 
 def _build_tokenizer() -> Any:
@@ -186,6 +168,3 @@ def _write_model(out: pathlib.Path) -> None:
     ):
         (out / name).write_text(json.dumps(obj, indent=2) + "\n")
 
-
-if __name__ == "__main__":  # python -m vllm_inline.embedding_model: build and print the path
-    print(build_embedding_model())

@@ -1,0 +1,147 @@
+"""What the engine measures: per-request timings, engine stats and the Prometheus registry.
+
+vLLM measures all of it already. Its engine core reports scheduler and iteration stats to
+"stat loggers" after every step, and each ``RequestOutput`` carries the request's timestamps.
+This module only keeps those figures in a typed form:
+
+- :class:`RequestMetrics`: one request's queue time, time to first token, prefill, decode and
+  end-to-end time, on the last :class:`~.deltas.Delta` of the request (``delta.metrics``).
+- :class:`EngineStats`: a snapshot of one engine, from :meth:`Engine.stats
+  <vllm_inline.engine.Engine.stats>`. :class:`StatsBook` keeps the latest figures; a stat logger
+  registered with vLLM (``_vllm_stats``) writes them after every engine step.
+- :func:`prometheus_registry`: vLLM's own Prometheus metrics (``vllm:num_requests_running``,
+  ``vllm:time_to_first_token_seconds``, ...) for every engine of the process, labelled by model.
+
+Nothing here imports vLLM.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "EngineStats",
+    "RequestMetrics",
+    "StatsBook",
+    "prometheus_registry",
+    "request_metrics",
+]
+
+
+_registry: Any = None
+_registry_lock = threading.Lock()
+
+
+def prometheus_registry() -> Any:
+    """The ``prometheus_client.CollectorRegistry`` holding vLLM's metrics of every engine in the
+    process (created on first use).
+
+    Serve it like any registry, e.g. ``app.mount("/metrics", make_asgi_app(registry=...))``. It
+    is separate from ``prometheus_client.REGISTRY`` because vLLM clears the ``vllm:`` metrics of
+    the global registry each time an engine starts; here the engines of one process keep their
+    series side by side, told apart by the ``model_name`` label.
+    """
+    global _registry
+    with _registry_lock:
+        if _registry is None:
+            from prometheus_client import CollectorRegistry  # a dependency of vLLM
+
+            _registry = CollectorRegistry(auto_describe=True)
+        return _registry
+
+
+@dataclass(frozen=True, slots=True)
+class RequestMetrics:
+    """Timings of one request, in seconds, from vLLM's request stats."""
+
+    queue_time: float
+    """Time waiting in the scheduler's queue before the first step that ran it."""
+    time_to_first_token: float
+    """From the request's arrival to its first generated token."""
+    prefill_time: float
+    """From the first scheduled step to the first token (the prompt's forward passes)."""
+    decode_time: float
+    """From the first token to the last one."""
+    e2e_time: float
+    """From the request's arrival to its end."""
+
+
+def request_metrics(stats: Any, finished_at: float | None = None) -> RequestMetrics | None:
+    """:class:`RequestMetrics` of vLLM's ``RequestOutput.metrics`` (``RequestStateStats``),
+    or ``None`` when vLLM kept none. ``finished_at`` is wall-clock time (default: now)."""
+    if stats is None or not getattr(stats, "arrival_time", 0.0):
+        return None
+    end = time.time() if finished_at is None else finished_at
+    queued, scheduled = stats.queued_ts, stats.scheduled_ts
+    first, last = stats.first_token_ts, stats.last_token_ts
+    return RequestMetrics(
+        queue_time=max(0.0, scheduled - queued) if scheduled and queued else 0.0,
+        time_to_first_token=max(0.0, stats.first_token_latency),
+        prefill_time=max(0.0, first - scheduled) if first and scheduled else 0.0,
+        decode_time=max(0.0, last - first) if last and first else 0.0,
+        e2e_time=max(0.0, end - stats.arrival_time),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot of one engine, as of its last step."""
+
+    requests_running: int
+    """Requests in the running batch."""
+    requests_waiting: int
+    """Requests queued for the batch."""
+    kv_cache_usage: float
+    """Share of the KV cache in use, 0 to 1."""
+    prefix_cache_hit_rate: float
+    """Prompt tokens found in the prefix cache over prompt tokens looked up, since start."""
+    prompt_tokens: int
+    """Prompt tokens prefilled since start (cached ones excluded)."""
+    generation_tokens: int
+    """Tokens generated since start."""
+    requests_finished: int
+    """Requests finished since start."""
+
+
+class StatsBook:
+    """The running figures of one engine; vLLM's stat logger calls :meth:`record` after every
+    step, on the engine loop, and :meth:`snapshot` may be called from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = self._waiting = 0
+        self._kv_usage = 0.0
+        self._queries = self._hits = 0
+        self._prompt = self._generated = self._finished = 0
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        """Add one step's ``SchedulerStats`` and ``IterationStats`` (either may be ``None``)."""
+        with self._lock:
+            if scheduler_stats is not None:
+                self._running = scheduler_stats.num_running_reqs
+                self._waiting = scheduler_stats.num_waiting_reqs
+                self._kv_usage = float(scheduler_stats.kv_cache_usage)
+                prefix = scheduler_stats.prefix_cache_stats
+                if prefix is not None:
+                    self._queries += prefix.queries
+                    self._hits += prefix.hits
+            if iteration_stats is not None:
+                self._prompt += iteration_stats.num_prompt_tokens
+                self._generated += iteration_stats.num_generation_tokens
+                self._finished += len(iteration_stats.finished_requests)
+
+    def snapshot(self) -> EngineStats:
+        """The figures now."""
+        with self._lock:
+            return EngineStats(
+                requests_running=self._running,
+                requests_waiting=self._waiting,
+                kv_cache_usage=self._kv_usage,
+                prefix_cache_hit_rate=self._hits / self._queries if self._queries else 0.0,
+                prompt_tokens=self._prompt,
+                generation_tokens=self._generated,
+                requests_finished=self._finished,
+            )

@@ -1,0 +1,281 @@
+"""Engine options chosen for the machine: what a CPU needs when the user did not say.
+
+vLLM's defaults are written for a GPU. On a CPU they fail or crawl: ``dtype="auto"`` loads a
+bfloat16 checkpoint in bfloat16, which kills the worker with SIGILL on CPUs without bf16
+instructions; ``gpu_memory_utilization=0.92`` reserves 92 % of the node's RAM for the KV cache and
+refuses to start when other processes hold a few GiB; and compiling the model (no
+``enforce_eager``) adds minutes to the start. :func:`choose_engine_kwargs` decides, from the
+user's options and the measured facts (:class:`MachineFacts`), the options to pass instead, with
+one reason per choice. It is a pure function: the facts are measured in :mod:`._vllm`.
+
+On a GPU nothing changes. Anything the user sets wins. A request for more memory than the
+machine has fails with :class:`~.errors.InsufficientMemoryError` before any process starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import InsufficientMemoryError
+
+__all__ = [
+    "BF16_FLAGS",
+    "Choice",
+    "MachineFacts",
+    "PlatformDefaults",
+    "choose_engine_kwargs",
+    "cpu_supports_bf16",
+]
+
+GiB = 2**30
+MiB = 2**20
+
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+"""CPU flags (``/proc/cpuinfo``) that mean native bfloat16: x86 AVX-512 BF16 or AMX, Arm BF16."""
+
+_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+_RESERVE = 1 * GiB
+"""Left free for the engine's own process, activations and the caller (beyond weights)."""
+_KV_SHARE = 0.5
+"""Share of what is left after weights and reserve that the KV cache may take."""
+_KV_MIN = 64 * MiB
+_KV_MAX = 4 * GiB
+"""Cap of the default KV cache: allocating it is slow on a CPU (vLLM's 92 % share of 24 GiB
+took 130 s to the first answer here, against 32 s with 1 GiB)."""
+_KV_SEQUENCES = 4
+"""Full-length sequences the default KV cache holds, so a few requests batch together."""
+_BLOCK = 16
+"""max_model_len chosen by us is a multiple of vLLM's KV block size."""
+
+
+@dataclass(frozen=True)
+class MachineFacts:
+    """What :func:`choose_engine_kwargs` decides from: the platform and the model, measured."""
+
+    is_cpu: bool
+    """True on vLLM's CPU platform."""
+    free_memory_bytes: int | None = None
+    """Memory available on the engine's memory node now (what vLLM's CPU worker checks)."""
+    total_memory_bytes: int | None = None
+    """Memory of that node in all (``gpu_memory_utilization`` is a share of it on a CPU)."""
+    cpu_flags: frozenset[str] = frozenset()
+    """The CPU's feature flags (``/proc/cpuinfo``), e.g. ``avx512_bf16``."""
+    checkpoint_dtype: str | None = None
+    """The checkpoint's dtype from its config (``"bfloat16"``, ``"float32"``, ...)."""
+    weights_bytes: int | None = None
+    """Size of the checkpoint's weight files, if known."""
+    kv_elements_per_token: int | None = None
+    """KV-cache elements one token takes: 2 (K and V) x layers x KV heads x head size."""
+    model_max_len: int | None = None
+    """The model's own context window (``max_position_embeddings`` and friends)."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One option vllm-inline set, and why."""
+
+    name: str
+    """The ``AsyncEngineArgs`` option."""
+    value: Any
+    """The value chosen."""
+    reason: str
+    """Why, in a few words (shown in the start-up log and by ``python -m vllm_inline check``)."""
+
+
+@dataclass(frozen=True)
+class PlatformDefaults:
+    """The options an engine starts with: the user's, plus :attr:`chosen`."""
+
+    kwargs: dict[str, Any]
+    """Every option passed to vLLM's ``AsyncEngineArgs`` (user's and chosen)."""
+    chosen: tuple[Choice, ...] = ()
+    """The options vllm-inline set because the user did not; empty on a GPU."""
+    facts: MachineFacts | None = field(default=None, compare=False)
+    """The facts the choice was made from."""
+
+    def summary(self) -> str:
+        """``dtype=float32 (reason); ...`` or ``none (reason)`` for the start-up log."""
+        if not self.chosen:
+            on_gpu = self.facts is not None and not self.facts.is_cpu
+            return "none (not a CPU: vLLM's defaults)" if on_gpu else "none (all set by the user)"
+        return "; ".join(f"{c.name}={_show(c.name, c.value)} ({c.reason})" for c in self.chosen)
+
+
+def _show(name: str, value: Any) -> str:
+    if name == "kv_cache_memory_bytes" and isinstance(value, int):
+        return f"{value / GiB:.2f} GiB" if value >= GiB else f"{value // MiB} MiB"
+    return str(value)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:.2f} GiB"
+
+
+def cpu_supports_bf16(flags: frozenset[str]) -> bool:
+    """True when the CPU flags name native bfloat16 instructions."""
+    return bool(flags & BF16_FLAGS)
+
+
+def _dtype(user: Mapping[str, Any], facts: MachineFacts) -> Choice | None:
+    if user.get("dtype") is not None:
+        return None  # even "auto": the user asked for the checkpoint's dtype
+    if cpu_supports_bf16(facts.cpu_flags):
+        flag = sorted(facts.cpu_flags & BF16_FLAGS)[0]
+        return Choice("dtype", "bfloat16", f"the CPU has {flag}: half the memory of float32")
+    return Choice(
+        "dtype",
+        "float32",
+        "this CPU lacks avx512_bf16/amx_bf16: bfloat16 would kill the worker with SIGILL",
+    )
+
+
+def _weights_after_cast(facts: MachineFacts, dtype: str) -> int:
+    weights = facts.weights_bytes or 0
+    source = _DTYPE_BYTES.get(str(facts.checkpoint_dtype or "").replace("torch.", ""))
+    target = _DTYPE_BYTES.get(dtype)
+    if weights and source and target and source != target:
+        weights = weights * target // source
+    return weights
+
+
+def _check_user_memory(user: Mapping[str, Any], facts: MachineFacts) -> None:
+    """Refuse a memory request the machine cannot meet, naming the option."""
+    free = facts.free_memory_bytes
+    if free is None:
+        return
+    kv = user.get("kv_cache_memory_bytes")
+    if kv is not None and int(kv) > free:
+        raise InsufficientMemoryError(
+            f"kv_cache_memory_bytes={int(kv)} ({_gib(int(kv))}) is more than the free memory "
+            f"({_gib(free)}). Pass a smaller kv_cache_memory_bytes, or leave it out and "
+            "vllm-inline sizes the KV cache to fit.",
+            option="kv_cache_memory_bytes",
+            requested_bytes=int(kv),
+            free_bytes=free,
+        )
+    share = user.get("gpu_memory_utilization")
+    if kv is None and share is not None and facts.total_memory_bytes:
+        wanted = int(float(share) * facts.total_memory_bytes)
+        if wanted > free:
+            # vLLM's CPU worker refuses this too, but only after spawning and loading.
+            raise InsufficientMemoryError(
+                f"gpu_memory_utilization={share} reserves {_gib(wanted)} (that share of the "
+                f"{_gib(facts.total_memory_bytes)} of RAM on a CPU), more than the free memory "
+                f"({_gib(free)}). Pass a smaller share, or leave it out and vllm-inline sizes "
+                "the KV cache to fit.",
+                option="gpu_memory_utilization",
+                requested_bytes=wanted,
+                free_bytes=free,
+            )
+
+
+def _kv_cache(
+    user: Mapping[str, Any], facts: MachineFacts, dtype: str
+) -> tuple[Choice | None, Choice | None]:
+    """The KV-cache size (and, if the model's window does not fit, a shorter max_model_len)."""
+    if user.get("kv_cache_memory_bytes") is not None or "gpu_memory_utilization" in user:
+        return None, None  # the user sized it: vLLM checks the share against the node itself
+    free = facts.free_memory_bytes
+    per_token = (facts.kv_elements_per_token or 0) * _DTYPE_BYTES.get(dtype, 4)
+    weights = _weights_after_cast(facts, dtype)
+    if free is None:
+        return Choice("kv_cache_memory_bytes", GiB, "free memory unknown: a fixed 1 GiB"), None
+    room = free - weights - _RESERVE
+    budget = int(max(room, 0) * _KV_SHARE)
+    user_len = user.get("max_model_len")
+    max_len = int(user_len or facts.model_max_len or 0)
+    if not per_token or not max_len:
+        kv = max(min(GiB, budget), _KV_MIN)
+        return Choice(
+            "kv_cache_memory_bytes",
+            kv,
+            f"model size unknown: {_show('kv_cache_memory_bytes', kv)}, "
+            f"under half the free memory ({_gib(free)})",
+        ), None
+    one_sequence = per_token * max_len
+    if one_sequence <= budget:
+        kv = min(max(one_sequence * _KV_SEQUENCES, _KV_MIN), _KV_MAX, budget)
+        kv = max(kv, one_sequence)
+        return (
+            Choice(
+                "kv_cache_memory_bytes",
+                kv,
+                f"{kv // one_sequence} sequence(s) of max_model_len={max_len}, "
+                f"of {_gib(free)} free (not vLLM's 92 % of RAM)",
+            ),
+            None,
+        )
+    if user_len:
+        if one_sequence > room:
+            raise InsufficientMemoryError(
+                f"max_model_len={max_len} needs a KV cache of {_gib(one_sequence)} for one "
+                f"sequence, more than the free memory ({_gib(free)}) leaves after the weights "
+                f"({_gib(weights)}). Pass a smaller max_model_len.",
+                option="max_model_len",
+                requested_bytes=one_sequence,
+                free_bytes=free,
+            )
+        return (
+            Choice(
+                "kv_cache_memory_bytes",
+                one_sequence,
+                f"one sequence of the max_model_len={max_len} you set, of {_gib(free)} free",
+            ),
+            None,
+        )
+    fit = (min(budget, _KV_MAX) // per_token) // _BLOCK * _BLOCK
+    if fit < _BLOCK:
+        raise InsufficientMemoryError(
+            f"The free memory ({_gib(free)}) leaves no room for a KV cache after the weights "
+            f"({_gib(weights)}). Free some memory or pass kv_cache_memory_bytes and "
+            "max_model_len yourself.",
+            option="kv_cache_memory_bytes",
+            requested_bytes=per_token * _BLOCK,
+            free_bytes=free,
+        )
+    kv = fit * per_token
+    return (
+        Choice(
+            "kv_cache_memory_bytes",
+            kv,
+            f"one sequence, in at most 4 GiB and half of what {_gib(free)} free leaves after "
+            "the weights",
+        ),
+        Choice(
+            "max_model_len",
+            fit,
+            f"the model's {max_len} tokens need {_gib(one_sequence)} of KV cache; "
+            f"{fit} fit in {_show('kv_cache_memory_bytes', kv)}",
+        ),
+    )
+
+
+def choose_engine_kwargs(user_kwargs: Mapping[str, Any], facts: MachineFacts) -> PlatformDefaults:
+    """The engine options for these facts: the user's, plus CPU defaults for what is unset.
+
+    On a CPU, for each option the user did not set: ``dtype`` (bfloat16 when the CPU has bf16
+    instructions, else float32), ``kv_cache_memory_bytes`` (a few full-length sequences, at most
+    half of the free memory left after the weights, at most 4 GiB; ``max_model_len`` is lowered
+    when even one sequence does not fit) and ``enforce_eager=True``. Raises
+    :class:`InsufficientMemoryError` when the user asks for more memory than is free.
+    """
+    kwargs = dict(user_kwargs)
+    if not facts.is_cpu:
+        return PlatformDefaults(kwargs=kwargs, facts=facts)
+    _check_user_memory(user_kwargs, facts)
+    chosen: list[Choice] = []
+    dtype_choice = _dtype(user_kwargs, facts)
+    if dtype_choice is not None:
+        chosen.append(dtype_choice)
+    dtype = str(dtype_choice.value if dtype_choice else user_kwargs["dtype"]).replace("torch.", "")
+    if dtype == "auto":
+        dtype = str(facts.checkpoint_dtype or "float32").replace("torch.", "")
+    chosen.extend(c for c in _kv_cache(user_kwargs, facts, dtype) if c is not None)
+    if "enforce_eager" not in user_kwargs:
+        chosen.append(
+            Choice("enforce_eager", True, "compiling the model adds minutes to a CPU start")
+        )
+    kwargs.update({c.name: c.value for c in chosen})
+    return PlatformDefaults(kwargs=kwargs, chosen=tuple(chosen), facts=facts)

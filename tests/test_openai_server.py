@@ -1,0 +1,393 @@
+"""``examples/openai_server.py`` over a real socket, read by the official ``openai`` client and by
+langchain-openai's ``ChatOpenAI``, on real engines (scripted models).
+
+One server (uvicorn in a thread, on 127.0.0.1) runs at a time: asking for another scenario's
+server stops the previous one, whose lifespan shuts its engine down, so at most one engine of
+this module is in memory. The tests are ordered by scenario to start each engine once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+pytestmark = pytest.mark.engine
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "openai_server.py"
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a given city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "The city name"}},
+            "required": ["city"],
+        },
+    },
+}
+HELLO = [{"role": "user", "content": "Hello"}]
+
+
+def load_example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("example_openai_server", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def serving(app: Any) -> Iterator[str]:
+    """Serve ``app`` with uvicorn on 127.0.0.1 in a thread; yields the ``/v1`` base URL."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 180  # the lifespan starts the engine
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+        sock.close()
+    assert not thread.is_alive()
+
+
+class Served:
+    """A running server for one scenario."""
+
+    def __init__(self, s: Any, url: str) -> None:
+        self.s = s
+        self.url = url
+        self.model = s.path  # the served model id is the --model given
+        self.client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
+
+    def chat(self, **kwargs: Any) -> Any:
+        return self.client.chat.completions.create(model=self.model, **kwargs)
+
+    def stream(self, **kwargs: Any) -> list[Any]:
+        return list(self.client.chat.completions.create(model=self.model, stream=True, **kwargs))
+
+
+@pytest.fixture(scope="module")
+def serve(scripted: Any) -> Iterator[Callable[[str], Served]]:
+    """``serve("llama3")``: the server of that scenario, stopping any other one first."""
+    module = load_example()
+    stack = contextlib.ExitStack()
+    current: dict[str, Served] = {}
+
+    def get(name: str) -> Served:
+        if name not in current:
+            stack.close()
+            current.clear()
+            s = scripted(name)
+            url = stack.enter_context(serving(module.create_app(s.path)))
+            current[name] = Served(s, url)
+        return current[name]
+
+    with stack:
+        yield get
+
+
+def streamed_text(chunks: list[Any], index: int = 0) -> str:
+    return "".join(
+        c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == index
+    )
+
+
+def finish_reasons(chunks: list[Any]) -> list[str]:
+    return [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+
+
+# -- every family: the right stop, no special token, no invented turn -------------------------
+
+
+@pytest.mark.parametrize("name", ["gemma", "chatml", "llama3"])
+def test_each_family_stops_at_its_end_of_turn(serve: Callable[[str], Served], name: str) -> None:
+    srv = serve(name)
+    sc = srv.s.scenario
+    answer = srv.chat(messages=HELLO)
+    chunks = srv.stream(messages=HELLO)
+    streamed = streamed_text(chunks)
+    assert answer.choices[0].message.content == sc.answer
+    assert streamed == sc.answer
+    assert answer.choices[0].finish_reason == "stop"
+    assert finish_reasons(chunks) == ["stop"]
+    for text in (answer.choices[0].message.content, streamed):
+        assert not any(token in text for token in sc.special_tokens)
+        assert sc.hallucinated_tail.strip() not in text
+
+
+# -- llama3: streaming, usage, sampling fields, errors, disconnects ---------------------------
+
+
+def test_streamed_deltas_concatenate_to_the_non_streamed_answer(serve: Callable[[str], Served]) -> None:
+    srv = serve("llama3")
+    chunks = srv.stream(messages=HELLO)
+    texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(texts) > 1
+    assert "".join(texts) == srv.chat(messages=HELLO).choices[0].message.content
+    assert [t for t in texts if t] == ["The", " answer", " is", " complete", "."]  # no repeats
+    first = chunks[0].choices[0].delta
+    assert first.role == "assistant"
+    assert all(c.choices[0].delta.role is None for c in chunks[1:] if c.choices)
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert {c.id for c in chunks} == {chunks[0].id} and chunks[0].object == "chat.completion.chunk"
+
+
+def test_usage_is_the_real_token_count(serve: Callable[[str], Served]) -> None:
+    srv = serve("llama3")
+    prompt_tokens = len(srv.s.engine.prompt_token_ids(HELLO))
+    completion_tokens = 6  # "The", " answer", " is", " complete", ".", <|eot_id|>
+    answer = srv.chat(messages=HELLO)
+    assert answer.usage.prompt_tokens == prompt_tokens
+    assert answer.usage.completion_tokens == completion_tokens
+    assert answer.usage.total_tokens == prompt_tokens + completion_tokens
+    chunks = srv.stream(messages=HELLO, stream_options={"include_usage": True})
+    assert chunks[-1].choices == []  # OpenAI's extra usage chunk
+    assert chunks[-1].usage.model_dump(exclude_none=True) == answer.usage.model_dump(exclude_none=True)
+    assert all(c.usage is None for c in chunks[:-1])
+    assert all(c.usage is None for c in srv.stream(messages=HELLO))  # not asked for
+
+
+def test_max_tokens_gives_finish_reason_length(serve: Callable[[str], Served]) -> None:
+    srv = serve("llama3")
+    for field in ("max_tokens", "max_completion_tokens"):
+        answer = srv.chat(messages=HELLO, **{field: 3})
+        assert answer.choices[0].message.content == "The answer is"
+        assert answer.choices[0].finish_reason == "length"
+        assert answer.usage.completion_tokens == 3
+    chunks = srv.stream(messages=HELLO, max_tokens=3)
+    assert streamed_text(chunks) == "The answer is"
+    assert finish_reasons(chunks) == ["length"]
+
+
+def test_stop_is_the_same_streaming_and_not(serve: Callable[[str], Served]) -> None:
+    srv = serve("llama3")
+    answer = srv.chat(messages=HELLO, stop=[" complete"])
+    assert answer.choices[0].message.content == "The answer is"
+    assert answer.choices[0].finish_reason == "stop"
+    chunks = srv.stream(messages=HELLO, stop=" complete")
+    assert streamed_text(chunks) == "The answer is"
+    assert finish_reasons(chunks) == ["stop"]
+
+
+def test_openai_and_vllm_sampling_fields_pass_through(serve: Callable[[str], Served]) -> None:
+    srv = serve("llama3")
+    answer = srv.chat(
+        messages=HELLO, temperature=0.7, top_p=0.9, seed=7, n=2, presence_penalty=0.1,
+        extra_body={"repetition_penalty": 1.2, "top_k": 5, "min_p": 0.01},
+    )
+    assert [c.index for c in answer.choices] == [0, 1]
+    assert [c.message.content for c in answer.choices] == ["The answer is complete."] * 2
+    assert answer.usage.completion_tokens == 12  # both choices
+    chunks = srv.stream(messages=HELLO, n=2)
+    assert streamed_text(chunks, 0) == streamed_text(chunks, 1) == "The answer is complete."
+    assert [c.choices[0].delta.role for c in chunks if c.choices[0].delta.role] == ["assistant"] * 2
+
+
+def test_logprobs(serve: Callable[[str], Served]) -> None:
+    srv = serve("llama3")
+    answer = srv.chat(messages=HELLO, logprobs=True, top_logprobs=2)
+    content = answer.choices[0].logprobs.content
+    assert [lp.token for lp in content][:5] == ["The", " answer", " is", " complete", "."]
+    assert all(lp.logprob <= 0 and len(lp.top_logprobs) >= 1 for lp in content)
+
+
+def test_response_format_json_schema_constrains_the_answer(serve: Callable[[str], Served]) -> None:
+    srv = serve("llama3")
+    schema = {"type": "string", "enum": ["yes"]}
+    answer = srv.chat(
+        messages=HELLO,
+        response_format={"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema}},
+        max_tokens=20,
+    )
+    assert json.loads(answer.choices[0].message.content) == "yes"
+
+
+def test_multi_turn(serve: Callable[[str], Served]) -> None:
+    srv = serve("llama3")
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        *HELLO,
+        {"role": "assistant", "content": "The answer is complete."},
+        {"role": "user", "content": [{"type": "text", "text": "Again."}]},
+    ]
+    answer = srv.chat(messages=messages)
+    assert answer.choices[0].message.content == "The answer is complete."
+    assert answer.usage.prompt_tokens == len(srv.s.engine.prompt_token_ids(messages))
+    assert answer.usage.prompt_tokens > srv.chat(messages=HELLO).usage.prompt_tokens
+
+
+def test_models_lists_the_served_model(serve: Callable[[str], Served]) -> None:
+    srv = serve("llama3")
+    assert [m.id for m in srv.client.models.list()] == [srv.model]
+
+
+def test_bad_temperature_is_a_400_naming_temperature(serve: Callable[[str], Served]) -> None:
+    srv = serve("llama3")
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as e:
+            srv.client.chat.completions.create(
+                model=srv.model, messages=HELLO, temperature=5, stream=stream
+            )
+        assert e.value.status_code == 400
+        assert e.value.param == "temperature"
+        assert "temperature=5" in e.value.message
+    assert srv.chat(messages=HELLO).choices[0].message.content == "The answer is complete."
+
+
+def test_other_bad_requests_are_openai_shaped(serve: Callable[[str], Served]) -> None:
+    srv = serve("llama3")
+    with pytest.raises(openai.NotFoundError) as e:
+        srv.client.chat.completions.create(model="gpt-4o", messages=HELLO)
+    assert e.value.code == "model_not_found" and e.value.param == "model"
+    cases = [
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+        ({"messages": HELLO, "tool_choice": "get_time", "tools": [WEATHER_TOOL]}, "tool_choice"),
+        ({"messages": HELLO, "response_format": {"type": "yaml"}}, "response_format"),
+        ({"messages": HELLO, "frobnicate": 1}, "frobnicate"),
+        ({"messages": HELLO, "max_tokens": 0}, "max_tokens"),
+        ({"messages": HELLO, "logit_bias": {"the": 1}}, "logit_bias"),
+    ]
+    for body, param in cases:
+        response = httpx.post(f"{srv.url}/chat/completions", json={"model": srv.model, **body}, timeout=60)
+        assert response.status_code == 400, body
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["param"] == param
+        assert error["message"]
+
+
+def _wait_idle(engine: Any, timeout: float = 10.0) -> float:
+    start = time.monotonic()
+    while engine.num_unfinished_requests():
+        assert time.monotonic() - start < timeout, "the request was not aborted"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def test_a_client_that_disconnects_aborts_its_request(serve: Callable[[str], Served]) -> None:
+    srv = serve("llama3")
+    engine = srv.s.engine
+    # ignore_eos makes the model loop over its invented turn up to max_tokens: a long request.
+    body = {"model": srv.model, "messages": HELLO, "max_tokens": 400, "ignore_eos": True}
+    start = time.monotonic()
+    full = httpx.post(f"{srv.url}/chat/completions", json=body, timeout=120).json()
+    full_s = time.monotonic() - start
+    assert full["usage"]["completion_tokens"] == 400
+
+    # Streaming: read two events, then hang up.
+    stream_body = {**body, "stream": True}
+    with httpx.stream("POST", f"{srv.url}/chat/completions", json=stream_body, timeout=60) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        start = time.monotonic()
+        assert engine.num_unfinished_requests() == 1
+    stream_abort_s = _wait_idle(engine) + (time.monotonic() - start)
+    assert stream_abort_s < full_s
+
+    # Not streaming: the client gives up (timeout) while the answer is being generated.
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{srv.url}/chat/completions", json=body, timeout=httpx.Timeout(60, read=0.3))
+    abort_s = _wait_idle(engine)
+    assert abort_s < full_s
+    print(f"400 tokens: {full_s:.2f} s; aborted after a disconnect within {stream_abort_s:.2f} s "
+          f"(streaming), {abort_s:.2f} s (not streaming)")
+    assert srv.chat(messages=HELLO).choices[0].message.content == "The answer is complete."
+    assert engine.num_unfinished_requests() == 0
+
+
+def test_chat_openai_against_the_app(serve: Callable[[str], Served]) -> None:
+    from langchain_openai import ChatOpenAI
+
+    srv = serve("llama3")
+    llm = ChatOpenAI(model=srv.model, base_url=srv.url, api_key="unused", max_retries=0, stream_usage=True)
+    message = llm.invoke("Hello")
+    assert message.content == "The answer is complete."
+    assert message.response_metadata["finish_reason"] == "stop"
+    prompt_tokens = len(srv.s.engine.prompt_token_ids([{"role": "user", "content": "Hello"}]))
+    assert message.usage_metadata["input_tokens"] == prompt_tokens
+    assert message.usage_metadata["output_tokens"] == 6
+    chunks = list(llm.stream("Hello"))
+    assert len([c for c in chunks if c.content]) > 1
+    assert "".join(c.content for c in chunks) == message.content
+    total = chunks[0]
+    for c in chunks[1:]:
+        total += c
+    assert total.usage_metadata == message.usage_metadata
+    short = llm.bind(max_tokens=3).invoke("Hello")
+    assert short.content == "The answer is" and short.response_metadata["finish_reason"] == "length"
+
+
+# -- chatml_tools: tool calls, and the multi-turn tool loop -----------------------------------
+
+
+def test_a_tool_call_comes_back_as_tool_calls(serve: Callable[[str], Served]) -> None:
+    srv = serve("chatml_tools")
+    ask = [{"role": "user", "content": "What is the weather like in Oslo today?"}]
+    answer = srv.chat(messages=ask, tools=[WEATHER_TOOL])
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert not choice.message.content
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Oslo"}
+
+    chunks = srv.stream(messages=ask, tools=[WEATHER_TOOL], tool_choice="auto")
+    fragments = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or ()]
+    assert fragments[0].function.name == "get_weather" and fragments[0].id
+    assert json.loads("".join(f.function.arguments or "" for f in fragments)) == {"city": "Oslo"}
+    assert finish_reasons(chunks) == ["tool_calls"]
+    assert "<tool_call>" not in streamed_text(chunks)
+
+    # The second turn: the tool's result goes back, the model answers from it.
+    history = [
+        *ask,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "It is sunny in Oslo."},
+    ]
+    final = srv.chat(messages=history, tools=[WEATHER_TOOL])
+    assert final.choices[0].message.content == "The weather in Oslo is sunny."
+    assert final.choices[0].finish_reason == "stop"
+    assert streamed_text(srv.stream(messages=history, tools=[WEATHER_TOOL])) == "The weather in Oslo is sunny."
+
+
+def test_chat_openai_bind_tools_against_the_app(serve: Callable[[str], Served]) -> None:
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    srv = serve("chatml_tools")
+    llm = ChatOpenAI(model=srv.model, base_url=srv.url, api_key="unused", max_retries=0)
+    with_tools = llm.bind_tools([WEATHER_TOOL])
+    ask = HumanMessage("What is the weather like in Oslo today?")
+    message = with_tools.invoke([ask])
+    assert [(c["name"], c["args"]) for c in message.tool_calls] == [("get_weather", {"city": "Oslo"})]
+    streamed = None
+    for chunk in with_tools.stream([ask]):
+        streamed = chunk if streamed is None else streamed + chunk
+    assert [(c["name"], c["args"]) for c in streamed.tool_calls] == [("get_weather", {"city": "Oslo"})]
+    result = ToolMessage("It is sunny in Oslo.", tool_call_id=message.tool_calls[0]["id"])
+    assert with_tools.invoke([ask, message, result]).content == "The weather in Oslo is sunny."

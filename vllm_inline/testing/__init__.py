@@ -1,0 +1,55 @@
+"""Test kit: tiny real models whose answer is known, for end-to-end tests on a CPU.
+
+A *scripted* model is a real ``LlamaForCausalLM`` checkpoint, built on your machine in under a
+second with no download, whose greedy output is a fixed script: an answer, the family's
+end-of-turn token, then an invented next turn. On a real vLLM engine it shows what a mock cannot:
+that your chain stops where the model's chat format says, that no special token or invented turn
+leaks into the output, that tool calls and reasoning are parsed. :data:`SCENARIOS` lists the
+models (Llama 3, Qwen ChatML, Gemma formats; reasoning; tool calls); :func:`build_embedding_model`
+builds a small embedding model for retrieval tests. See ``docs/testing.md``.
+
+Test your own chain (pytest; the engine starts once per session, ~20 s on a CPU)::
+
+    import pytest
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate
+
+    from vllm_inline.engine import shutdown_all
+    from vllm_inline.integrations.langchain import ChatVLLM
+    from vllm_inline.testing import scripted_model
+
+    @pytest.fixture(scope="session")
+    def llama3(tmp_path_factory):
+        yield scripted_model("llama3", root=tmp_path_factory.mktemp("models"))
+        shutdown_all()
+
+    def test_my_chain(llama3):
+        llm = ChatVLLM(model=llama3.path, vllm_kwargs=llama3.engine_kwargs, max_tokens=32)
+        chain = ChatPromptTemplate.from_messages([("human", "{q}")]) | llm | StrOutputParser()
+        assert chain.invoke({"q": "Hi"}) == llama3.scenario.answer  # "The answer is complete."
+
+Importing this package loads no heavy dependency: ``numpy``, ``tokenizers`` and ``safetensors``
+load when a model is built, vLLM when an engine starts.
+"""
+
+from __future__ import annotations
+
+from .builder import build_scripted_model
+from .cache import default_root
+from .embedding import EMBEDDING_HIDDEN_SIZE, build_embedding_model
+from .harness import CPU_TEST_ENGINE_KWARGS, ScriptedModel, scripted_model
+from .scenarios import SCENARIOS, Chain, Scenario, expected_answer
+
+__all__ = [
+    "CPU_TEST_ENGINE_KWARGS",
+    "EMBEDDING_HIDDEN_SIZE",
+    "SCENARIOS",
+    "Chain",
+    "Scenario",
+    "ScriptedModel",
+    "build_embedding_model",
+    "build_scripted_model",
+    "default_root",
+    "expected_answer",
+    "scripted_model",
+]
