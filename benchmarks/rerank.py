@@ -78,7 +78,8 @@ async def _raw_score(llm: Any, query: str, documents: list[str]) -> list[float]:
     ))
 
     async def one(i: int, x: Any) -> float:
-        async for out in llm.encode(x["prompts"], x["params"], f"bench-raw-{time.monotonic_ns()}-{i}"):
+        request_id = f"bench-raw-{time.monotonic_ns()}-{i}"
+        async for out in llm.encode(x["prompts"], x["params"], request_id):
             last = out
         return ScoringRequestOutput.from_base(last).outputs.score
 
