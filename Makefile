@@ -40,6 +40,7 @@ bench: install
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
 	$(PY) benchmarks/embeddings.py
+	$(PY) benchmarks/rerank.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -6,8 +6,8 @@ LangChain and LlamaIndex object on a model shares one engine and its continuous 
 :class:`Engine` is the lifecycle facade: it starts vLLM on first use (:mod:`.runtime`), shuts it
 down, and hands each call to the request path, which runs on the engine's own event-loop thread:
 :mod:`.request` (checks, before anything starts) -> :mod:`.render` -> :mod:`.generate` (deltas)
-or :mod:`.embeddings`. :meth:`Engine.astream` can be iterated from any event loop and
-:meth:`Engine.stream` from any thread, both through :mod:`.bridge`.
+or :mod:`.embeddings` or :mod:`.scoring`. :meth:`Engine.astream` can be iterated from any event
+loop and :meth:`Engine.stream` from any thread, both through :mod:`.bridge`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from . import embeddings, render
+from . import embeddings, render, scoring
 from .bridge import aiter_on, iter_on
 from .deltas import Delta, coalesce
 from .errors import EngineUnavailableError, ModelLoadError
@@ -226,6 +226,47 @@ class Engine:
         options = {"truncate": truncate, "normalize": normalize, "batch_size": batch_size}
         return self._run(
             lambda runtime: embeddings.embed(runtime, items, **options), instead="engine.aembed(...)"
+        )
+
+    async def ascore(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        truncate: bool = False,
+        batch_size: int = scoring.DEFAULT_BATCH_SIZE,
+    ) -> list[float]:
+        """Score ``documents`` against ``query`` on a reranker (a cross-encoder on a pooling
+        engine, ``get_engine(model, runner="pooling")``).
+
+        One float per document, in order (higher is more relevant). A query-document pair
+        longer than ``max_model_len`` raises :class:`ContextLengthExceededError` naming
+        ``documents[i]`` unless ``truncate=True``. Pairs are rendered ``batch_size`` at a time,
+        each batch submitted as soon as it is rendered. Works from any event loop. See
+        :mod:`.scoring`.
+        """
+        docs = scoring.validate_pairs(query, documents, truncate, batch_size)
+        if not docs:
+            return []
+        options = {"truncate": truncate, "batch_size": batch_size}
+        return await self._arun(lambda runtime: scoring.score(runtime, query, docs, **options))
+
+    def score(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        truncate: bool = False,
+        batch_size: int = scoring.DEFAULT_BATCH_SIZE,
+    ) -> list[float]:
+        """The synchronous form of :meth:`ascore` (same arguments, same scores)."""
+        docs = scoring.validate_pairs(query, documents, truncate, batch_size)
+        if not docs:
+            return []
+        options = {"truncate": truncate, "batch_size": batch_size}
+        return self._run(
+            lambda runtime: scoring.score(runtime, query, docs, **options),
+            instead="engine.ascore(...)",
         )
 
     async def aprompt_token_ids(

@@ -166,15 +166,17 @@ def require_runner(model: str, llm: Any, wanted: str) -> None:
         return
     if wanted == "pooling":
         message = (
-            f"The engine for {model!r} runs vLLM's {have!r} runner, which cannot embed. Embeddings "
-            f"need a pooling engine: get_engine({model!r}, runner='pooling', ...) (VLLMEmbeddings "
-            "and VLLMEmbedding start one). vLLM converts a *ForCausalLM checkpoint into an "
-            "embedder under runner='pooling' (convert='embed')."
+            f"The engine for {model!r} runs vLLM's {have!r} runner, which cannot embed or score. "
+            f"Embeddings and reranker scores need a pooling engine: get_engine({model!r}, "
+            "runner='pooling', ...) (VLLMEmbeddings, VLLMEmbedding and VLLMRerank start one). "
+            "vLLM converts a *ForCausalLM checkpoint into an embedder under runner='pooling' "
+            "(convert='embed')."
         )
     else:
         message = (
-            f"The engine for {model!r} runs vLLM's {have!r} runner (embeddings) and cannot "
-            f"generate text: call engine.embed(...) on it, or chat through a generation engine, "
+            f"The engine for {model!r} runs vLLM's {have!r} runner (embeddings, reranker scores) "
+            f"and cannot generate text: call engine.embed(...) or engine.score(...) on it, or "
+            f"chat through a generation engine, "
             f"get_engine({model!r}, ...) without runner='pooling'."
         )
     raise UnsupportedTaskError(message, parameter="model", value=model)

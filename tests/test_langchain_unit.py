@@ -34,7 +34,7 @@ MODEL = "Qwen/Qwen2.5-0.5B-Instruct"  # never started in this module
 
 
 def test_all_is_pinned() -> None:
-    assert lc.__all__ == ["ChatVLLM", "VLLMEmbeddings"]
+    assert lc.__all__ == ["ChatVLLM", "VLLMEmbeddings", "VLLMRerank"]
 
 
 def test_import_loads_neither_vllm_nor_torch() -> None:

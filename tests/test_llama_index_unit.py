@@ -28,7 +28,7 @@ NO_MODEL = "/nonexistent/vllm-inline-model"  # never started: every error comes 
 
 
 def test_all_is_pinned() -> None:
-    assert li.__all__ == ["VLLM", "VLLMEmbedding"]
+    assert li.__all__ == ["VLLM", "VLLMEmbedding", "VLLMRerank"]
 
 
 def test_import_loads_neither_torch_nor_vllm() -> None:

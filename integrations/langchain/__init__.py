@@ -1,5 +1,5 @@
-"""LangChain integration: :class:`ChatVLLM`, vLLM in this process as a chat model, and
-:class:`VLLMEmbeddings`, its embeddings.
+"""LangChain integration: :class:`ChatVLLM`, vLLM in this process as a chat model,
+:class:`VLLMEmbeddings`, its embeddings, and :class:`VLLMRerank`, a cross-encoder reranker.
 
 Importing this package loads neither vLLM nor torch; the engine starts on the first call.
 """
@@ -8,5 +8,6 @@ from __future__ import annotations
 
 from .chat_models import ChatVLLM
 from .embeddings import VLLMEmbeddings
+from .rerank import VLLMRerank
 
-__all__ = ["ChatVLLM", "VLLMEmbeddings"]
+__all__ = ["ChatVLLM", "VLLMEmbeddings", "VLLMRerank"]

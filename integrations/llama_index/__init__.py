@@ -1,5 +1,6 @@
-"""LlamaIndex integration: :class:`VLLM`, a ``FunctionCallingLLM`` on the shared engine, and
-:class:`VLLMEmbedding`, embeddings from a pooling engine.
+"""LlamaIndex integration: :class:`VLLM` (a ``FunctionCallingLLM`` on the shared engine),
+:class:`VLLMEmbedding` (embeddings from a pooling engine) and :class:`VLLMRerank` (a
+cross-encoder node postprocessor).
 
 >>> from vllm_inline.integrations.llama_index import VLLM
 >>> llm = VLLM(model="Qwen/Qwen3-0.6B", max_tokens=256, tool_parser="hermes")
@@ -11,5 +12,6 @@ from __future__ import annotations
 
 from .base import VLLM
 from .embeddings import VLLMEmbedding
+from .rerank import VLLMRerank
 
-__all__ = ["VLLM", "VLLMEmbedding"]
+__all__ = ["VLLM", "VLLMEmbedding", "VLLMRerank"]
