@@ -46,6 +46,7 @@ def test_exports_are_pinned() -> None:
         "Scenario",
         "ScriptedModel",
         "build_embedding_model",
+        "build_reranker_model",
         "build_scripted_model",
         "default_root",
         "expected_answer",

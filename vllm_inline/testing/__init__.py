@@ -6,7 +6,8 @@ end-of-turn token, then an invented next turn. On a real vLLM engine it shows wh
 that your chain stops where the model's chat format says, that no special token or invented turn
 leaks into the output, that tool calls and reasoning are parsed. :data:`SCENARIOS` lists the
 models (Llama 3, Qwen ChatML, Gemma formats; reasoning; tool calls); :func:`build_embedding_model`
-builds a small embedding model for retrieval tests. See ``docs/testing.md``.
+and :func:`build_reranker_model` build a small embedding model and a small cross-encoder for
+retrieval and reranking tests. See ``docs/testing.md``.
 
 Test your own chain (pytest; the engine starts once per session, ~20 s on a CPU)::
 
@@ -38,6 +39,7 @@ from .builder import build_scripted_model
 from .cache import default_root
 from .embedding import EMBEDDING_HIDDEN_SIZE, build_embedding_model
 from .harness import CPU_TEST_ENGINE_KWARGS, ScriptedModel, scripted_model
+from .reranker import build_reranker_model
 from .scenarios import SCENARIOS, Chain, Scenario, expected_answer
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "Scenario",
     "ScriptedModel",
     "build_embedding_model",
+    "build_reranker_model",
     "build_scripted_model",
     "default_root",
     "expected_answer",
