@@ -41,6 +41,7 @@ bench: install
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
 	$(PY) benchmarks/embeddings.py
 	$(PY) benchmarks/rerank.py
+	$(PY) benchmarks/gpu_sim.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

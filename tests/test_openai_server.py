@@ -24,6 +24,8 @@ import httpx
 import openai
 import pytest
 
+from vllm_inline.engine import get_engine
+
 pytestmark = pytest.mark.engine
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "openai_server.py"
@@ -159,7 +161,7 @@ def test_streamed_deltas_concatenate_to_the_non_streamed_answer(serve: Callable[
 
 def test_usage_is_the_real_token_count(serve: Callable[[str], Served]) -> None:
     srv = serve("llama3")
-    prompt_tokens = len(srv.s.engine.prompt_token_ids(HELLO))
+    prompt_tokens = len(get_engine(srv.s.path).prompt_token_ids(HELLO))
     completion_tokens = 6  # "The", " answer", " is", " complete", ".", <|eot_id|>
     answer = srv.chat(messages=HELLO)
     assert answer.usage.prompt_tokens == prompt_tokens
@@ -237,7 +239,7 @@ def test_multi_turn(serve: Callable[[str], Served]) -> None:
     ]
     answer = srv.chat(messages=messages)
     assert answer.choices[0].message.content == "The answer is complete."
-    assert answer.usage.prompt_tokens == len(srv.s.engine.prompt_token_ids(messages))
+    assert answer.usage.prompt_tokens == len(get_engine(srv.s.path).prompt_token_ids(messages))
     assert answer.usage.prompt_tokens > srv.chat(messages=HELLO).usage.prompt_tokens
 
 
@@ -290,7 +292,7 @@ def _wait_idle(engine: Any, timeout: float = 10.0) -> float:
 
 def test_a_client_that_disconnects_aborts_its_request(serve: Callable[[str], Served]) -> None:
     srv = serve("llama3")
-    engine = srv.s.engine
+    engine = get_engine(srv.s.path)  # the app's engine: the example passes no vllm_kwargs
     # ignore_eos makes the model loop over its invented turn up to max_tokens: a long request.
     body = {"model": srv.model, "messages": HELLO, "max_tokens": 400, "ignore_eos": True}
     start = time.monotonic()
@@ -327,7 +329,8 @@ def test_chat_openai_against_the_app(serve: Callable[[str], Served]) -> None:
     message = llm.invoke("Hello")
     assert message.content == "The answer is complete."
     assert message.response_metadata["finish_reason"] == "stop"
-    prompt_tokens = len(srv.s.engine.prompt_token_ids([{"role": "user", "content": "Hello"}]))
+    hello = [{"role": "user", "content": "Hello"}]
+    prompt_tokens = len(get_engine(srv.s.path).prompt_token_ids(hello))
     assert message.usage_metadata["input_tokens"] == prompt_tokens
     assert message.usage_metadata["output_tokens"] == 6
     chunks = list(llm.stream("Hello"))
