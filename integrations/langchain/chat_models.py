@@ -38,6 +38,7 @@ from vllm_inline.engine import BadRequestError, Engine, get_engine
 from vllm_inline.engine.sampling import check_sampling
 
 from ._convert import _convert_message_to_dict, _delta_to_generation_chunk
+from .batching import BatchAtOnce
 
 __all__ = ["ChatVLLM"]
 
@@ -59,11 +60,12 @@ _REQUEST_FIELDS = (
 _Indexed = tuple[int, ChatGenerationChunk]
 
 
-class ChatVLLM(BaseChatModel):
+class ChatVLLM(BatchAtOnce, BaseChatModel):
     """vLLM in this process as a LangChain chat model: streaming, tools, structured output.
 
     Every ``ChatVLLM`` on the same ``model`` and ``vllm_kwargs`` shares one engine (and its
     continuous batching). Constructing one starts nothing; the engine starts on the first call.
+    ``batch``/``abatch`` hand every input to the engine at once (:mod:`.batching`).
 
     Example:
         ```python
