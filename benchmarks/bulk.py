@@ -31,7 +31,6 @@ import asyncio
 import json
 import os
 import pathlib
-import statistics
 import subprocess
 import sys
 import time
@@ -44,9 +43,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from models import SPECS, build_model  # noqa: E402
-from paths import sampling  # noqa: E402
-from run import ENGINE_OPTIONS  # noqa: E402
+from models import SPECS, build_model
+from paths import sampling
+from run import ENGINE_OPTIONS
 
 TARGET = 0.95
 """Each bulk path's tok/s against ``vllm.LLM.chat`` on the same list."""
@@ -108,7 +107,6 @@ def inline_paths(model: str, tokens: int) -> dict[str, Callable[[int], int]]:
     """Name -> ``run(n)`` returning the tokens generated for the first ``n`` prompts."""
     from langchain_core.runnables import Runnable
     from llama_index.core.base.llms.types import ChatMessage
-
     from vllm_inline.integrations.langchain import ChatVLLM
     from vllm_inline.integrations.llama_index import VLLM
 
@@ -146,7 +144,6 @@ def extractor_paths(model: str, tokens: int) -> dict[str, Callable[[int], int]]:
     """``QuestionsAnsweredExtractor.extract`` over n nodes, default workers and all at once."""
     from llama_index.core.extractors import QuestionsAnsweredExtractor
     from llama_index.core.schema import TextNode
-
     from vllm_inline.integrations.llama_index import VLLM
 
     kw = sampling(tokens)
@@ -232,13 +229,13 @@ def main(argv: list[str] | None = None) -> int:
     ref = {n: (before[n] + after[n]) / 2 for n in sizes}
     elapsed = time.perf_counter() - started
 
-    lines = [f"\n== bulk: {args.model}, {args.tokens} tokens per input; best of {args.repeats}; "
-             f"vllm.LLM.chat = mean of its runs before and after ({elapsed / 60:.1f} min) =="]
+    title = (f"\n== bulk: {args.model}, {args.tokens} tokens per input; best of {args.repeats}; "
+             f"vllm.LLM.chat = mean of its runs before and after ({elapsed / 60:.1f} min) ==")
+    lines = [title]
     for n in sizes:
         lines.append(f"{'vllm.LLM.chat':<42} n={n:<5} {ref[n]:8.0f} tok/s "
                      f"(before {before[n]:.0f}, after {after[n]:.0f})")
-    names = sorted({name for name, _ in inline}, key=lambda k: list(dict.fromkeys(
-        name for name, _ in inline)).index(k))
+    names = list(dict.fromkeys(name for name, _ in inline))  # in measuring order
     for name in names:
         for n in sizes:
             if (name, n) not in inline:

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, HumanMessage
-
 from vllm_inline.engine import BadRequestError
 from vllm_inline.integrations.langchain import ChatVLLM
 
@@ -43,8 +42,14 @@ class Runs(BaseCallbackHandler):
         self._lock = threading.Lock()
 
     def on_chat_model_start(
-        self, serialized: Any, messages: Any, *, run_id: Any, tags: Any = None,
-        metadata: Any = None, **_: Any,
+        self,
+        serialized: Any,
+        messages: Any,
+        *,
+        run_id: Any,
+        tags: Any = None,
+        metadata: Any = None,
+        **_: Any,
     ) -> None:
         with self._lock:
             self.starts[run_id] = {"tags": tags or [], "metadata": metadata or {}}
@@ -76,7 +81,9 @@ class FailsMidStream(BaseCallbackHandler):
             raise Boom("this input fails in the middle of its answer")
 
 
-def run_batch(chat: ChatVLLM, how: str, inputs: list[Any], config: Any = None, **kwargs: Any) -> list[Any]:
+def run_batch(
+    chat: ChatVLLM, how: str, inputs: list[Any], config: Any = None, **kwargs: Any
+) -> list[Any]:
     """``chat.<how>(inputs, config, **kwargs)`` as a list in input order."""
     if how == "batch":
         return chat.batch(inputs, config, **kwargs)
@@ -107,7 +114,9 @@ def test_batch_keeps_order_and_gives_each_input_its_own_run(scripted: Any, how: 
     inputs = questions(5)
     expected_prompt = [chat.get_num_tokens_from_messages([HumanMessage(q)]) for q in inputs]
     runs = Runs()
-    configs = [{"callbacks": [runs], "tags": [f"input-{i}"], "metadata": {"i": i}} for i in range(5)]
+    configs = [
+        {"callbacks": [runs], "tags": [f"input-{i}"], "metadata": {"i": i}} for i in range(5)
+    ]
 
     out = run_batch(chat, how, inputs, configs)
 
