@@ -8,6 +8,7 @@ STAMP := $(VENV)/.installed
 VLLM_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+BULK_ARGS ?=
 
 .PHONY: install test demo check bench clean
 
@@ -39,6 +40,7 @@ check: install
 bench: install
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
+	$(PY) benchmarks/bulk.py $(BULK_ARGS)
 	$(PY) benchmarks/embeddings.py
 	$(PY) benchmarks/rerank.py
 	$(PY) benchmarks/gpu_sim.py

@@ -24,7 +24,6 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

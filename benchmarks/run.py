@@ -35,6 +35,12 @@ import time
 import urllib.request
 from typing import Any
 
+USER_ENV = dict(os.environ)
+"""The environment this script started with: the server gets it, as a ``vllm serve`` started
+from the user's shell would. Not ``os.environ`` at that point: an engine started in this process
+changes it (vLLM's CPU platform sets ``LD_PRELOAD`` to torch's libgomp,
+``VLLM_WORKER_MULTIPROC_METHOD``, ``LOCAL_WORLD_SIZE``, ...)."""
+
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported anywhere
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -234,7 +240,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float) -> No
 def _stop_server(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is not None:
         return
-    os.killpg(proc.pid, signal.SIGTERM)  # its own session: the server and its engine processes
+    os.killpg(proc.pid, signal.SIGTERM)  # its own process group: the server and its engine processes
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
@@ -249,8 +255,15 @@ def phase_http(spec: ModelSpec, model: str, args: argparse.Namespace) -> list[di
            "--structured-outputs-config", json.dumps(_STRUCTURED)]
     log_path = args.out / f"server-{spec.name}.log.tmp"
     log(f"{spec.name}: HTTP: starting vLLM's OpenAI server on 127.0.0.1:{port} (log: {log_path})")
+    env = {**USER_ENV, "VLLM_LOGGING_LEVEL": "WARNING"}  # only the log level differs
+    # Its own process group (so that _stop_server can signal the server and its engine
+    # processes together) but this session: a new session is a new scheduler autogroup on
+    # Linux, and the kernel then shares the CPUs between the server's session, whose engine
+    # core and worker busy-poll, and this client's, so the client waited on the run queue at
+    # every token (~0.5 s per request here, see docs/performance.md "The HTTP row").
     with open(log_path, "wb") as server_log:
-        proc = subprocess.Popen(cmd, stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=server_log, stderr=subprocess.STDOUT,
+                                process_group=0, env=env)
     try:
         _wait_healthy(f"http://127.0.0.1:{port}/health", proc, timeout=300)
         base_url = f"http://127.0.0.1:{port}/v1"

@@ -4,7 +4,8 @@ The engine's coroutines run on a private event loop in a daemon thread (:class:`
 A stream is one async generator that runs *there*; :func:`aiter_on` hands its items to a caller's
 event loop and :func:`iter_on` to a synchronous caller, through the same pump. Leaving either
 iterator early (break, ``aclose()``, task cancellation, garbage collection) cancels the pump,
-which closes the engine-side generator and so aborts the request in vLLM.
+which closes the engine-side generator and so aborts the request in vLLM; the iterator returns
+once that is done, so a caller that leaves early leaves no request behind in the engine.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ __all__ = ["LoopThread", "aiter_on", "iter_on"]
 T = TypeVar("T")
 
 _DONE = object()
+_STOP_WAIT_S = 5.0
+"""How long leaving a stream early waits for its request to be aborted on the engine loop."""
 
 
 class _Raised:
@@ -99,9 +102,47 @@ class LoopThread:
             self.loop.close()
 
 
+class _Pump:
+    """A stream's pump task on the engine loop, which its consumer can stop and wait for.
+
+    The task is created by a callback on the engine loop (not ``run_coroutine_threadsafe``,
+    whose future is done the moment it is cancelled): :meth:`stop` cancels the task itself and
+    reports when it has ended, i.e. when the engine-side generator has closed and vLLM has
+    aborted the request.
+    """
+
+    __slots__ = ("_lt", "_task")
+
+    def __init__(self, lt: LoopThread, coro: Coroutine[Any, Any, None]) -> None:
+        self._lt = lt
+        self._task: asyncio.Task[None] | None = None
+        lt.loop.call_soon_threadsafe(self._start, coro)
+
+    def _start(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._task = self._lt.loop.create_task(coro)
+
+    def stop(self, then: Callable[[], None]) -> None:
+        """Cancel the pump; ``then()`` runs on the engine loop once it has ended (or now, when
+        the engine loop is closed)."""
+
+        def stop_on_loop() -> None:  # runs after _start: one thread's callbacks keep their order
+            task = self._task
+            assert task is not None
+            if task.done():
+                then()
+                return
+            task.add_done_callback(lambda _: then())
+            task.cancel()
+
+        try:
+            self._lt.loop.call_soon_threadsafe(stop_on_loop)
+        except RuntimeError:  # the engine loop is closed: nothing runs there any more
+            then()
+
+
 def _start_pump(
     lt: LoopThread, agen_factory: Callable[[], AsyncIterator[T]], put: Callable[[Any], None]
-) -> Future[None]:
+) -> _Pump:
     """Run ``agen_factory()`` on the engine loop, handing each item (then the end) to ``put``."""
 
     async def pump() -> None:
@@ -118,7 +159,7 @@ def _start_pump(
             await agen.aclose()  # type: ignore[attr-defined]
         put(_DONE)
 
-    return lt.submit(pump())
+    return _Pump(lt, pump())
 
 
 class _Handoff:
@@ -192,6 +233,7 @@ async def aiter_on(
         handoff.put(put_nowait, item)
 
     pump = _start_pump(lt, agen_factory, put)
+    ended = False
     try:
         while True:
             item = items.get_nowait() if not items.empty() else await items.get()
@@ -200,13 +242,25 @@ async def aiter_on(
                 for plain in earlier:
                     yield plain
             if item is _DONE:
+                ended = True
                 return
             if isinstance(item, _Raised):
+                ended = True
                 raise item.exc
             yield item
     finally:
-        if not pump.done():
-            pump.cancel()
+        if not ended:
+            caller = asyncio.get_running_loop()
+            stopped = caller.create_future()
+
+            def then() -> None:
+                try:
+                    caller.call_soon_threadsafe(_resolve, stopped)
+                except RuntimeError:  # the caller's loop is closed: nobody waits
+                    pass
+
+            pump.stop(then)
+            await asyncio.wait([stopped], timeout=_STOP_WAIT_S)
 
 
 def iter_on(
@@ -224,6 +278,7 @@ def iter_on(
         handoff.put(put_item, item)
 
     pump = _start_pump(lt, agen_factory, put)
+    ended = False
     try:
         while True:
             item = items.get()
@@ -232,13 +287,23 @@ def iter_on(
                 for plain in earlier:
                     yield plain
             if item is _DONE:
+                ended = True
                 return
             if isinstance(item, _Raised):
+                ended = True
                 raise item.exc
             yield item
     finally:
-        if not pump.done():
-            pump.cancel()
+        if not ended:
+            stopped = threading.Event()
+            pump.stop(stopped.set)
+            if not lt.in_loop_thread:  # (closed by the garbage collector there: cannot wait)
+                stopped.wait(_STOP_WAIT_S)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _plain(item: Any) -> bool:

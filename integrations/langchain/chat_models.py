@@ -38,6 +38,7 @@ from vllm_inline.engine import BadRequestError, Engine, get_engine
 from vllm_inline.engine.messages import validate_tool_choice
 from vllm_inline.engine.sampling import check_sampling
 
+from .batching import BatchAtOnce
 from .convert import convert_message_to_dict, delta_to_generation_chunk
 
 __all__ = ["ChatVLLM"]
@@ -61,11 +62,12 @@ _REQUEST_FIELDS = (
 _Indexed = tuple[int, ChatGenerationChunk]
 
 
-class ChatVLLM(BaseChatModel):
+class ChatVLLM(BatchAtOnce, BaseChatModel):
     """vLLM in this process as a LangChain chat model: streaming, tools, structured output.
 
     Every ``ChatVLLM`` on the same ``model`` and ``vllm_kwargs`` shares one engine (and its
     continuous batching). Constructing one starts nothing; the engine starts on the first call.
+    ``batch``/``abatch`` hand every input to the engine at once (:mod:`.batching`).
 
     Example:
         ```python
