@@ -27,6 +27,7 @@ from .errors import (
     UnsupportedTaskError,
     VLLMInlineError,
 )
+from .images import MediaPolicy
 from .metrics import StatsBook
 from .stops import StopPolicy, decide_stop_policy
 from .templates import TemplateChoice, resolve_chat_template
@@ -61,6 +62,8 @@ class Runtime:
     """The context window in tokens."""
     stats: StatsBook
     """The engine's running figures, written by vLLM's stat loggers after every step."""
+    media: MediaPolicy
+    """What the engine allows for images (multimodal or not, limits, allowed sources)."""
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     """Work in flight on the loop (cancelled by :meth:`shutdown`)."""
     loaded_adapters: set[int] = field(default_factory=set)
@@ -195,6 +198,8 @@ def start_runtime(model: str, vllm_kwargs: Mapping[str, Any]) -> Runtime:
             f"vLLM could not start an engine for {model!r} with {dict(vllm_kwargs)}: "
             f"{type(e).__name__}: {e}"
         ) from e
+    from . import _vllm
+
     tokenizer = llm.get_tokenizer()
     vocab = tokenizer.get_vocab()
     template = resolve_chat_template(getattr(tokenizer, "chat_template", None), vocab)
@@ -212,6 +217,7 @@ def start_runtime(model: str, vllm_kwargs: Mapping[str, Any]) -> Runtime:
         model_defaults=dict(llm.model_config.get_diff_sampling_param()),
         max_model_len=int(llm.model_config.max_model_len),
         stats=stats,
+        media=_vllm.media_policy(llm),
     )
     logger.info(
         "vllm-inline engine started: model=%s template=%s stop_ids=%s (%s)",

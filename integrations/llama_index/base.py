@@ -43,6 +43,7 @@ from .utils import (
     aaggregate,
     aggregate,
     parse_structured,
+    takes_images,
     to_completion_response,
     to_engine_messages,
     tool_selections,
@@ -199,6 +200,7 @@ class VLLM(FunctionCallingLLM):
             model_name=self.model,
             is_chat_model=True,
             is_function_calling_model=self.tool_parser is not None,
+            is_multimodal=takes_images(self.engine, self.model),
         )
 
     def to_payload(self) -> dict[str, Any]:

@@ -6,7 +6,8 @@ end-of-turn token, then an invented next turn. On a real vLLM engine it shows wh
 that your chain stops where the model's chat format says, that no special token or invented turn
 leaks into the output, that tool calls and reasoning are parsed. :data:`SCENARIOS` lists the
 models (Llama 3, Qwen ChatML, Gemma formats; reasoning; tool calls); :func:`build_embedding_model`
-builds a small embedding model for retrieval tests. See ``docs/testing.md``.
+builds a small embedding model for retrieval tests; :func:`build_vision_model` a tiny
+random-weight Idefics3 for image-input tests. See ``docs/testing.md``.
 
 Test your own chain (pytest; the engine starts once per session, ~20 s on a CPU)::
 
@@ -39,16 +40,20 @@ from .cache import default_root
 from .embedding import EMBEDDING_HIDDEN_SIZE, build_embedding_model
 from .harness import CPU_TEST_ENGINE_KWARGS, ScriptedModel, scripted_model
 from .scenarios import SCENARIOS, Chain, Scenario, expected_answer
+from .vision import IDEFICS3_CHAT_TEMPLATE, VISION_ENGINE_KWARGS, build_vision_model
 
 __all__ = [
     "CPU_TEST_ENGINE_KWARGS",
     "EMBEDDING_HIDDEN_SIZE",
+    "IDEFICS3_CHAT_TEMPLATE",
     "SCENARIOS",
+    "VISION_ENGINE_KWARGS",
     "Chain",
     "Scenario",
     "ScriptedModel",
     "build_embedding_model",
     "build_scripted_model",
+    "build_vision_model",
     "default_root",
     "expected_answer",
     "scripted_model",
