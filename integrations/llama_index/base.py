@@ -38,6 +38,7 @@ from vllm_inline.engine import BadRequestError, Engine, get_engine
 from vllm_inline.engine.sampling import DEFAULTS, check_sampling, layer_sampling
 
 from .utils import (
+    MultimodalLLMMetadata,
     PartialParser,
     ResponseBuilder,
     aaggregate,
@@ -194,7 +195,7 @@ class VLLM(FunctionCallingLLM):
         num_output = self.max_tokens
         if num_output is None:
             num_output = min(int(DEFAULTS["max_tokens"]), max(1, window // 4))
-        return LLMMetadata(
+        return MultimodalLLMMetadata(
             context_window=window,
             num_output=num_output,
             model_name=self.model,

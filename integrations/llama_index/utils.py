@@ -23,12 +23,13 @@ from llama_index.core.base.llms.types import (
     ChatResponse,
     CompletionResponse,
     ImageBlock,
+    LLMMetadata,
     MessageRole,
     TextBlock,
     ThinkingBlock,
     ToolCallBlock,
 )
-from llama_index.core.bridge.pydantic import BaseModel, ValidationError
+from llama_index.core.bridge.pydantic import BaseModel, Field, ValidationError
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.llms.utils import parse_partial_json
 from llama_index.core.types import Model
@@ -36,6 +37,7 @@ from llama_index.core.types import Model
 from vllm_inline.engine import BadRequestError, Delta, Usage
 
 __all__ = [
+    "MultimodalLLMMetadata",
     "PartialParser",
     "ResponseBuilder",
     "aaggregate",
@@ -159,6 +161,15 @@ def to_engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     if not messages:
         raise BadRequestError("messages is empty: send at least one message.", parameter="messages", value=[])
     return [_to_engine_message(m, i) for i, m in enumerate(messages)]
+
+
+class MultimodalLLMMetadata(LLMMetadata):
+    """``LLMMetadata`` plus whether the model takes images (llama-index-core 0.14 has no field
+    for it; multimodal input goes through ``ImageBlock``s in ``ChatMessage.blocks``)."""
+
+    is_multimodal: bool = Field(
+        default=False, description="True when the model takes ImageBlocks (a vision-language model)."
+    )
 
 
 def takes_images(engine: Any, model: str) -> bool:
