@@ -9,8 +9,8 @@ part is checked here in two steps, so that bad input fails with a typed error na
    :func:`.messages.validate_messages` with the engine's options): the form is known, a data URL
    has a supported image MIME type and valid base64 that decodes to an image, raw bytes decode to
    an image, a local file is inside ``allowed_local_media_path``, and a remote ``http(s)`` URL
-   is refused unless its domain is in ``allowed_media_domains`` (then vLLM fetches it, bounded
-   by ``VLLM_IMAGE_FETCH_TIMEOUT``, 5 s by default).
+   is refused unless its domain is in ``allowed_media_domains`` (then vLLM fetches it, with its
+   own timeout and retries: ``VLLM_IMAGE_FETCH_TIMEOUT``, ``VLLM_MEDIA_FETCH_MAX_RETRIES``).
 2. :func:`check_images` (once the engine is up, in :mod:`.render`): the model takes images and
    the count is within ``limit_mm_per_prompt`` (and the sources again, as the engine sees them).
 
@@ -219,8 +219,8 @@ def check_sources(
                     "have to download the image (there may be no network, and a slow server "
                     "would stall the request). Send the image inline (a base64 data URL, bytes "
                     "or a PIL image), or allow the domain with vllm_kwargs="
-                    "{'allowed_media_domains': [...]} (the fetch then times out after "
-                    "VLLM_IMAGE_FETCH_TIMEOUT seconds, 5 by default)"
+                    "{'allowed_media_domains': [...]} (vLLM then fetches it, with its own "
+                    "timeout and retries: see docs/multimodal.md)"
                 )
         elif ref.source == "file":
             _check_local(ref, allowed_local_media_path)
