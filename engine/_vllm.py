@@ -22,6 +22,7 @@ from .errors import (
     ModelLoadError,
     VLLMInlineError,
 )
+from .images import MediaPolicy
 from .metrics import StatsBook
 from .platform_defaults import MachineFacts, PlatformDefaults, choose_engine_kwargs
 
@@ -44,7 +45,9 @@ __all__ = [
     "check_engine_kwargs",
     "decide_engine_kwargs",
     "make_sampling_params",
+    "is_media_error",
     "map_error",
+    "media_policy",
     "render_chat",
     "render_prompt",
     "start_engine",
@@ -278,10 +281,40 @@ async def render_chat(
     tok_params = renderer.default_chat_tok_params.with_kwargs(add_special_tokens=False)
     # vLLM's renderer decodes tool-call arguments in place: hand it a copy, so the request's
     # messages (also given to the output parsers) keep their JSON-string arguments.
+    # PIL images are shared, not copied: the memo maps each to itself.
+    memo = {
+        id(part["image_pil"]): part["image_pil"]
+        for message in messages
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if part.get("type") == "image_pil"
+    }
     _, (engine_input,) = await renderer.render_chat_async(
-        [copy.deepcopy(messages)], params, tok_params
+        [copy.deepcopy(messages, memo)], params, tok_params
     )
     return engine_input
+
+
+def media_policy(llm: AsyncLLM) -> MediaPolicy:
+    """What the engine allows for images, from vLLM's model config."""
+    config = llm.model_config
+    mm = config.multimodal_config
+    multimodal = bool(config.is_multimodal_model) and mm is not None
+    return MediaPolicy(
+        multimodal=multimodal,
+        image_limit=mm.get_limit_per_prompt("image") if multimodal else 0,
+        allowed_local_media_path=config.allowed_local_media_path or "",
+        allowed_media_domains=tuple(config.allowed_media_domains or ()),
+    )
+
+
+def is_media_error(e: BaseException) -> bool:
+    """True for an error of vLLM's media loading (a fetch that failed or timed out)."""
+    import asyncio
+
+    import aiohttp
+
+    return isinstance(e, (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError))
 
 
 async def render_prompt(llm: AsyncLLM, prompt: str) -> Any:

@@ -133,6 +133,12 @@ class Engine:
         return self._started().tokenizer
 
     @property
+    def accepts_images(self) -> bool:
+        """True when the model takes images in messages (a vision-language model; starts the
+        engine). See ``docs/multimodal.md``."""
+        return self._started().media.multimodal
+
+    @property
     def default_sampling(self) -> dict[str, Any]:
         """Sampling values used when a call sets none: package defaults under the model's."""
         return layer_sampling(DEFAULTS, self._started().model_defaults)
@@ -313,6 +319,7 @@ class Engine:
             options,
             adapters=self.adapters,
             max_model_len=runtime.max_model_len if runtime else None,
+            engine_options=self.vllm_kwargs,
         )
 
     async def _arun(self, job: Callable[[Runtime], Coroutine[Any, Any, T]]) -> T:

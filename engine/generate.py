@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from .deltas import Delta, TokenLogprob, Usage
+from .images import text_view
 from .lora import lora_request
 from .metrics import request_metrics
 from .parsing import OutputParser, make_parser_factory
@@ -54,7 +55,7 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
             model_config=llm.model_config,
             model=runtime.model,
             family=runtime.stop_policy.family,
-            messages=request.messages,
+            messages=text_view(request.messages),
             tools=request.tools,
             tool_choice=request.tool_choice,
             tool_parser=request.tool_parser,

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import BadRequestError
+from .images import ImageRef, check_sources, is_image_part, normalize_image_part
 
 __all__ = ["ROLES", "validate_messages", "validate_tool_choice", "validate_tools"]
 
@@ -19,28 +20,54 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 """Roles a chat message may have."""
 
 
-def _text_of(content: Any, where: str) -> str:
-    """Text-only content: a string, or a list of ``{"type": "text", "text": ...}`` parts."""
+_IMAGE_ROLES = ("user", "tool")
+
+
+def _content_of(content: Any, where: str, role: str, images: list[ImageRef]) -> Any:
+    """A string, or a list of text parts and images.
+
+    Text only: the parts joined into one string (as vLLM's "string" content format does), which
+    every template takes. With images (``user`` and ``tool`` messages): a list of
+    ``{"type": "text", ...}`` parts and normalised image parts (see :mod:`.images`), in order.
+    """
     if isinstance(content, str):
         return content
     if isinstance(content, Sequence) and not isinstance(content, (bytes, bytearray)):
-        texts = []
+        parts: list[dict[str, Any]] = []
+        has_image = False
         for j, part in enumerate(content):
             if isinstance(part, str):
-                texts.append(part)
+                parts.append({"type": "text", "text": part})
+                continue
+            if is_image_part(part):
+                if role not in _IMAGE_ROLES:
+                    raise BadRequestError.invalid(
+                        f"{where}[{j}]", "<image>",
+                        f"a {role!r} message cannot hold an image; put images in user (or tool) "
+                        "messages",
+                    )
+                normalised, ref = normalize_image_part(part, f"{where}[{j}]")
+                parts.append(normalised)
+                images.append(ref)
+                has_image = True
                 continue
             kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
             if kind != "text" or not isinstance(part.get("text"), str):
                 raise BadRequestError.invalid(
                     f"{where}[{j}]",
                     part,
-                    f"content part of type {kind!r} cannot be taken by this text-only model; "
-                    "send text parts ({'type': 'text', 'text': ...}) or strings",
+                    f"content part of type {kind!r} is not supported; send text parts "
+                    "({'type': 'text', 'text': ...}), strings, or images ({'type': 'image_url', "
+                    "'image_url': {'url': 'data:image/png;base64,...'}}, bytes, a PIL image)",
                 )
-            texts.append(part["text"])
+            parts.append({"type": "text", "text": part["text"]})
+        if has_image:
+            return parts
         # Same joining as vLLM's "string" content format.
-        return "\n".join(texts)
-    raise BadRequestError.invalid(where, content, "content must be a string or a list of text parts")
+        return "\n".join(p["text"] for p in parts)
+    raise BadRequestError.invalid(
+        where, content, "content must be a string or a list of text and image parts"
+    )
 
 
 def _check_tool_call(call: Any, where: str) -> dict[str, Any]:
@@ -65,8 +92,21 @@ def _check_tool_call(call: Any, where: str) -> dict[str, Any]:
     }
 
 
-def validate_messages(messages: Any) -> list[dict[str, Any]]:
-    """Check ``messages`` and return clean copies (text parts joined, tool calls normalised)."""
+def validate_messages(
+    messages: Any,
+    images: list[ImageRef] | None = None,
+    *,
+    allowed_local_media_path: str = "",
+    allowed_media_domains: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """Check ``messages`` and return clean copies (text parts joined, tool calls normalised).
+
+    Image parts are normalised (:mod:`.images`) and their sources checked against the engine
+    options ``allowed_local_media_path`` and ``allowed_media_domains`` (by default no local file
+    and no remote URL is allowed); each image's :class:`~.images.ImageRef` is appended to
+    ``images`` when given, for the checks that need the running engine.
+    """
+    images = images if images is not None else []
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
         raise BadRequestError.invalid(
             "messages", messages, "a list of {'role': ..., 'content': ...} mappings"
@@ -94,7 +134,7 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
                 )
             out["content"] = ""
         else:
-            out["content"] = _text_of(content, f"{where}.content")
+            out["content"] = _content_of(content, f"{where}.content", role, images)
         if tool_calls:
             if not isinstance(tool_calls, Sequence) or isinstance(tool_calls, str):
                 raise BadRequestError.invalid(f"{where}.tool_calls", tool_calls, "a list of tool calls")
@@ -112,6 +152,7 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
         if isinstance(message.get("name"), str):
             out["name"] = message["name"]
         clean.append(out)
+    check_sources(images, allowed_local_media_path, allowed_media_domains)
     return clean
 
 

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import ChatTemplateError, ContextLengthExceededError, EngineDeadError, VLLMInlineError
+from .errors import (
+    BadRequestError,
+    ChatTemplateError,
+    ContextLengthExceededError,
+    EngineDeadError,
+    VLLMInlineError,
+)
+from .images import check_images
 from .request import Request
 from .runtime import Runtime
 from .templates import require_template, resolve_chat_template
@@ -24,6 +31,7 @@ async def render(runtime: Runtime, request: Request) -> Any:
 
     if request.prompt is not None:
         return await _vllm.render_prompt(runtime.llm, request.prompt)
+    check_images(request.images, runtime.media, runtime.model)
     if request.chat_template is not None:
         choice = resolve_chat_template(None, {}, request.chat_template)
     else:
@@ -43,6 +51,14 @@ async def render(runtime: Runtime, request: Request) -> Any:
         mapped = _vllm.map_error(e, runtime.model)
         if isinstance(mapped, (ContextLengthExceededError, EngineDeadError)):
             raise mapped from e
+        if request.images and (mapped is not None or _vllm.is_media_error(e)):
+            # The model's processor (or vLLM's media loader) refused an image.
+            raise BadRequestError(
+                f"{runtime.model!r} could not take the images of these messages: "
+                f"{type(e).__name__}: {e}. Check the images (format, size, count).",
+                parameter="messages",
+                value=None,
+            ) from e
         raise ChatTemplateError(
             f"The chat template of {runtime.model!r} ({choice.source}) failed to render these "
             f"messages: {type(e).__name__}: {e}. Check the roles and order the template "

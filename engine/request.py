@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import BadRequestError
+from .images import ImageRef
 from .lora import Adapter, LoRARegistry
 from .messages import validate_messages, validate_tool_choice, validate_tools
 from .sampling import check_sampling
@@ -53,6 +54,8 @@ class Request:
     """vLLM's scheduling priority: lower runs first (needs ``scheduling_policy="priority"``)."""
     timeout: float | None = None
     """Seconds the request may run before it is aborted (``None``: no deadline)."""
+    images: tuple[ImageRef, ...] = ()
+    """The images in :attr:`messages`, in order (checked against the engine in :mod:`.render`)."""
 
 
 def build_request(
@@ -61,9 +64,11 @@ def build_request(
     *,
     adapters: LoRARegistry,
     max_model_len: int | None,
+    engine_options: Mapping[str, Any] | None = None,
 ) -> Request:
     """Check ``messages`` and the keyword ``options`` of a call; anything left in ``options``
-    after the request fields is a sampling value. ``max_model_len`` is known once started."""
+    after the request fields is a sampling value. ``max_model_len`` is known once started;
+    ``engine_options`` (the engine's ``vllm_kwargs``) say where images may come from."""
     options = dict(options)
     prompt = options.pop("prompt", None)
     if (messages is None) == (prompt is None):
@@ -105,8 +110,9 @@ def build_request(
     ):
         raise BadRequestError.invalid("timeout", timeout, "a positive number of seconds, or None")
     sampling = check_sampling(options, max_model_len=max_model_len)
+    images: list[ImageRef] = []
     return Request(
-        messages=validate_messages(messages) if messages is not None else None,
+        messages=_messages(messages, images, engine_options or {}),
         prompt=prompt,
         tools=tools,
         tool_choice=tool_choice,
@@ -119,4 +125,18 @@ def build_request(
         lora=lora,
         priority=int(priority),
         timeout=float(timeout) if timeout is not None else None,
+        images=tuple(images),
+    )
+
+
+def _messages(
+    messages: Any, images: list[ImageRef], engine_options: Mapping[str, Any]
+) -> list[dict[str, Any]] | None:
+    if messages is None:
+        return None
+    return validate_messages(
+        messages,
+        images,
+        allowed_local_media_path=engine_options.get("allowed_local_media_path") or "",
+        allowed_media_domains=tuple(engine_options.get("allowed_media_domains") or ()),
     )

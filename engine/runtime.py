@@ -27,6 +27,7 @@ from .errors import (
     UnsupportedTaskError,
     VLLMInlineError,
 )
+from .images import MediaPolicy
 from .metrics import StatsBook
 from .platform_defaults import PlatformDefaults
 from .stops import StopPolicy, decide_stop_policy
@@ -64,6 +65,8 @@ class Runtime:
     """The engine's running figures, written by vLLM's stat loggers after every step."""
     platform_defaults: PlatformDefaults
     """The options vLLM was started with, and those chosen for this machine (with reasons)."""
+    media: MediaPolicy
+    """What the engine allows for images (multimodal or not, limits, allowed sources)."""
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     """Work in flight on the loop (cancelled by :meth:`shutdown`)."""
     loaded_adapters: set[int] = field(default_factory=set)
@@ -200,6 +203,8 @@ def start_runtime(model: str, vllm_kwargs: Mapping[str, Any]) -> Runtime:
             f"vLLM could not start an engine for {model!r} with {dict(vllm_kwargs)}: "
             f"{type(e).__name__}: {e}"
         ) from e
+    from . import _vllm
+
     tokenizer = llm.get_tokenizer()
     vocab = tokenizer.get_vocab()
     template = resolve_chat_template(getattr(tokenizer, "chat_template", None), vocab)
@@ -218,6 +223,7 @@ def start_runtime(model: str, vllm_kwargs: Mapping[str, Any]) -> Runtime:
         max_model_len=int(llm.model_config.max_model_len),
         stats=stats,
         platform_defaults=defaults,
+        media=_vllm.media_policy(llm),
     )
     logger.info(
         "vllm-inline engine started: model=%s template=%s stop_ids=%s (%s) chosen: %s",

@@ -1,5 +1,8 @@
 """langchain-tests standard suites for ``ChatVLLM``: unit (no engine) and integration (real engine).
 
+The media tests (images in human and tool messages) run in :class:`TestChatVLLMImageIntegration`
+on the kit's tiny Idefics3; PDF, audio and video are declared unsupported.
+
 The integration suite runs on the scripted ``chatml_tools`` model (Qwen2.5 template, hermes tool
 calls): it answers a plain turn with a ``get_weather`` call written as text and, after a tool
 result, with "The weather in Oslo is sunny.". The engines are the session's shared ones
@@ -154,3 +157,114 @@ class TestChatVLLMIntegration(ChatModelIntegrationTests):
     @pytest.mark.parametrize("model", [{}, {"output_version": "v1"}], indirect=True)
     def test_agent_loop(self, model: Any) -> None:
         super().test_agent_loop(model)
+
+
+# -- images: the standard suite's image tests on the kit's tiny Idefics3 -----------------------
+
+# The standard tests that carry images, PDFs or audio. The rest of the suite runs above on the
+# scripted model; a random-weight vision model has nothing to add there.
+_MEDIA_TESTS = frozenset(
+    {
+        "test_image_inputs",
+        "test_image_tool_message",
+        "test_pdf_inputs",
+        "test_pdf_tool_message",
+        "test_audio_inputs",
+    }
+)
+
+
+def _png_bytes() -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (96, 64), "teal").save(out, "PNG")
+    return out.getvalue()
+
+
+class _LocalResponse:
+    """What the suite reads of ``httpx.get(...)``: ``.content``."""
+
+    def __init__(self, content: bytes) -> None:
+        self.content = content
+
+
+@pytest.mark.engine
+class TestChatVLLMImageIntegration(ChatModelIntegrationTests):
+    """The standard suite's media tests on a real engine with the kit's tiny Idefics3.
+
+    The suite downloads its sample image with ``httpx.get``; this machine has no network, so the
+    download is answered with a local PNG (the model still receives the image as the suite sends
+    it: base64 in OpenAI's and LangChain's forms, in human and tool messages). Remote image URLs
+    are refused by design (``supports_image_urls`` is False; see docs/multimodal.md); PDF, audio
+    and video are not supported.
+    """
+
+    @pytest.fixture(autouse=True)
+    def _vision_model(
+        self, request: pytest.FixtureRequest, scripted_root: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        if request.node.originalname not in _MEDIA_TESTS:
+            pytest.skip("text behaviour is covered by TestChatVLLMIntegration (scripted model)")
+        from langchain_tests.integration_tests import chat_models as suite
+
+        from vllm_inline.testing import build_vision_model
+
+        type(self)._path = str(build_vision_model(scripted_root))
+        png = _png_bytes()
+        monkeypatch.setattr(suite.httpx, "get", lambda url, **kwargs: _LocalResponse(png))
+
+    @pytest.fixture(autouse=True, scope="class")
+    def _shutdown_vision_engine(self) -> Any:
+        yield
+        path = getattr(type(self), "_path", None)
+        if path is not None:
+            from vllm_inline.engine import get_engine
+            from vllm_inline.testing import VISION_ENGINE_KWARGS
+
+            get_engine(path, **VISION_ENGINE_KWARGS).shutdown()
+
+    @property
+    def chat_model_class(self) -> type[ChatVLLM]:
+        return ChatVLLM
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        from vllm_inline.testing import VISION_ENGINE_KWARGS
+
+        # A tool parser for test_image_tool_message's bind_tools (the model never calls one).
+        return {"model": self._path, "vllm_kwargs": VISION_ENGINE_KWARGS, "tool_parser": "pythonic"}
+
+    @property
+    def standard_chat_model_params(self) -> dict[str, Any]:
+        return _without_client_params(super().standard_chat_model_params)
+
+    @property
+    def has_tool_calling(self) -> bool:
+        return True
+
+    @property
+    def supports_image_inputs(self) -> bool:
+        return True
+
+    @property
+    def supports_image_tool_message(self) -> bool:
+        return True
+
+    @property
+    def supports_image_urls(self) -> bool:
+        return False
+
+    @property
+    def supports_pdf_inputs(self) -> bool:
+        return False
+
+    @property
+    def supports_audio_inputs(self) -> bool:
+        return False
+
+    @property
+    def supports_video_inputs(self) -> bool:
+        return False

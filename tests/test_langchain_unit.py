@@ -190,8 +190,9 @@ def test_messages_convert_to_openai_dicts() -> None:
 @pytest.mark.parametrize(
     "message",
     [
-        HumanMessage([{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]),
-        HumanMessage([{"type": "image", "base64": "AA", "mime_type": "image/png"}]),
+        HumanMessage([{"type": "image", "file_id": "file-123"}]),
+        SystemMessage([{"type": "image", "base64": "AA", "mime_type": "image/png"}]),
+        HumanMessage([{"type": "audio", "base64": "AA", "mime_type": "audio/wav"}]),
         ToolMessage(
             [{"type": "file", "base64": "AA", "mime_type": "application/pdf"}], tool_call_id="c"
         ),
@@ -201,6 +202,27 @@ def test_messages_convert_to_openai_dicts() -> None:
 def test_messages_the_model_cannot_take_are_refused(message: Any) -> None:
     with pytest.raises(BadRequestError, match="messages\\[0\\]"):
         ChatVLLM(model=MODEL)._prepare([message], None, {})
+
+
+_PNG = "iVBORw0KGgo="
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{_PNG}"}},
+        {"type": "image", "base64": _PNG, "mime_type": "image/png"},
+        {"type": "image", "source_type": "base64", "data": _PNG, "mime_type": "image/png"},
+        {"type": "image", "url": f"data:image/png;base64,{_PNG}"},
+    ],
+)
+def test_image_blocks_become_openai_image_url_parts(block: dict[str, Any]) -> None:
+    """Every LangChain image form reaches the engine as OpenAI's image_url part (the engine
+    decodes and checks it: tests/test_images.py)."""
+    for message in (HumanMessage(["look", block]), ToolMessage([block], tool_call_id="c")):
+        content = convert_message_to_dict(message, "messages[0]")["content"]
+        image = content[-1]
+        assert image == {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{_PNG}"}}
 
 
 def test_delta_to_chunk_text_reasoning_and_tools() -> None:

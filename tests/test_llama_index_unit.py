@@ -76,7 +76,7 @@ _IMAGE = [ChatMessage(role="user", blocks=[TextBlock(text="see"), ImageBlock(url
         ([ChatMessage(role="user", content="hi")], {"top_p": 0}, "top_p"),
         ([], {}, "messages"),
         (_TOOL_NO_ID, {}, "messages[1].additional_kwargs['tool_call_id']"),
-        (_IMAGE, {}, "messages[0].blocks[1]"),
+        (_IMAGE, {}, "messages[0].content[1]"),  # a remote URL: refused up front
         ([ChatMessage(role="user", content="hi")], {"n": 2}, "n"),
     ],
 )

@@ -22,6 +22,7 @@ from langchain_core.messages import (
     HumanMessage,
     SystemMessage,
     ToolMessage,
+    convert_to_openai_image_block,
 )
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.tool import ToolCallChunk, tool_call_chunk
@@ -42,32 +43,61 @@ _SKIPPED_AI_BLOCKS = frozenset(
 )
 
 
-def _text_content(content: str | Sequence[Any], where: str, *, role: str) -> str:
-    """The text of a message's content: a string, or text blocks joined with newlines."""
+# Roles whose messages may carry images (as in the engine: see vllm_inline.engine.images).
+_IMAGE_ROLES = frozenset({"user", "tool"})
+
+
+def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
+    """A LangChain image block (v1 ``base64``/``url``, v0 ``source_type``, or OpenAI's
+    ``image_url``) as OpenAI's ``image_url`` part, which the engine checks and decodes."""
+    if block.get("type") == "image_url":
+        return block
+    try:
+        return convert_to_openai_image_block(block)
+    except (ValueError, KeyError) as e:
+        raise BadRequestError.invalid(
+            where, block, f"{e} Send {{'type': 'image', 'base64': ..., 'mime_type': "
+            "'image/png'}} or {'type': 'image', 'url': ...} (a data: URL or an allowed local "
+            "file; file_id is not supported)"
+        ) from e
+
+
+def _content(content: str | Sequence[Any], where: str, *, role: str) -> str | list[Any]:
+    """A message's content for the engine: a string (text blocks joined with newlines), or,
+    when it holds images, a list of OpenAI text and ``image_url`` parts."""
     if isinstance(content, str):
         return content
-    texts: list[str] = []
+    parts: list[Any] = []
+    has_image = False
     for i, block in enumerate(content):
         if isinstance(block, str):
-            texts.append(block)
+            parts.append({"type": "text", "text": block})
             continue
         kind = block.get("type") if isinstance(block, dict) else type(block).__name__
         if kind == "text" and isinstance(block.get("text"), str):
-            texts.append(block["text"])
+            parts.append({"type": "text", "text": block["text"]})
         elif role == "assistant" and kind in _SKIPPED_AI_BLOCKS:
             continue
+        elif kind in ("image", "image_url") and role in _IMAGE_ROLES:
+            parts.append(_image_part(block, f"{where}.content[{i}]"))
+            has_image = True
         else:
             raise BadRequestError.invalid(
                 f"{where}.content[{i}]",
                 block,
-                f"a content block of type {kind!r} cannot be taken by this text-only chat "
-                "model; send strings or text blocks ({'type': 'text', 'text': ...})",
+                f"a content block of type {kind!r} cannot be taken by this chat model in a "
+                f"{role!r} message; send strings, text blocks ({{'type': 'text', 'text': ...}}) "
+                "and, in human and tool messages, image blocks (PDF, audio and video are not "
+                "supported)",
             )
-    return "\n".join(texts)
+    if has_image:
+        return parts
+    return "\n".join(p["text"] for p in parts)
 
 
 def convert_message_to_dict(message: BaseMessage, where: str = "message") -> dict[str, Any]:
-    """One LangChain message as an OpenAI-style chat dict (text only)."""
+    """One LangChain message as an OpenAI-style chat dict (text, and images in human and
+    tool messages)."""
     if isinstance(message, SystemMessage):
         role = "system"
     elif isinstance(message, HumanMessage):
@@ -85,7 +115,7 @@ def convert_message_to_dict(message: BaseMessage, where: str = "message") -> dic
             f"{type(message).__name__} is not supported; use SystemMessage, HumanMessage, "
             "AIMessage, ToolMessage or ChatMessage",
         )
-    content = _text_content(message.content, where, role=role)
+    content = _content(message.content, where, role=role)
     out: dict[str, Any] = {"role": role, "content": content}
     if message.name is not None and role in ("system", "user", "assistant"):
         out["name"] = message.name

@@ -38,11 +38,13 @@ from vllm_inline.engine import BadRequestError, Engine, get_engine
 from vllm_inline.engine.sampling import DEFAULTS, check_sampling, layer_sampling
 
 from .utils import (
+    MultimodalLLMMetadata,
     PartialParser,
     ResponseBuilder,
     aaggregate,
     aggregate,
     parse_structured,
+    takes_images,
     to_completion_response,
     to_engine_messages,
     tool_selections,
@@ -193,12 +195,13 @@ class VLLM(FunctionCallingLLM):
         num_output = self.max_tokens
         if num_output is None:
             num_output = min(int(DEFAULTS["max_tokens"]), max(1, window // 4))
-        return LLMMetadata(
+        return MultimodalLLMMetadata(
             context_window=window,
             num_output=num_output,
             model_name=self.model,
             is_chat_model=True,
             is_function_calling_model=self.tool_parser is not None,
+            is_multimodal=takes_images(self.engine, self.model),
         )
 
     def to_payload(self) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,12 +22,14 @@ from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
     CompletionResponse,
+    ImageBlock,
+    LLMMetadata,
     MessageRole,
     TextBlock,
     ThinkingBlock,
     ToolCallBlock,
 )
-from llama_index.core.bridge.pydantic import BaseModel, ValidationError
+from llama_index.core.bridge.pydantic import BaseModel, Field, ValidationError
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.llms.utils import parse_partial_json
 from llama_index.core.types import Model
@@ -34,11 +37,13 @@ from llama_index.core.types import Model
 from vllm_inline.engine import BadRequestError, Delta, Usage
 
 __all__ = [
+    "MultimodalLLMMetadata",
     "PartialParser",
     "ResponseBuilder",
     "aaggregate",
     "aggregate",
     "parse_structured",
+    "takes_images",
     "to_completion_response",
     "to_engine_messages",
     "tool_selections",
@@ -81,14 +86,33 @@ def _tool_call_dict(call: Any, where: str) -> dict[str, Any]:
     }
 
 
+def _image_part(block: ImageBlock) -> dict[str, Any]:
+    """An ``ImageBlock`` as OpenAI's ``image_url`` part; the engine checks and decodes it (a
+    path must be inside the engine's ``allowed_local_media_path``; remote URLs are refused
+    unless their domain is in ``allowed_media_domains``)."""
+    if block.image is not None:
+        # ImageBlock keeps bytes base64-encoded (its validator does that).
+        data = block.resolve_image(as_base64=True).read().decode("ascii")
+        url = f"data:{block.image_mimetype or 'image/png'};base64,{data}"
+    elif block.path is not None:
+        url = str(block.path.resolve())
+    else:
+        url = str(block.url or "")
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
 def _to_engine_message(message: ChatMessage, i: int) -> dict[str, Any]:
     where = f"messages[{i}]"
     role = _ROLE_ALIASES.get(message.role.value, message.role.value)
-    texts: list[str] = []
+    parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
+    has_image = False
     for j, block in enumerate(message.blocks):
         if isinstance(block, TextBlock):
-            texts.append(block.text)
+            parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, ImageBlock):
+            parts.append(_image_part(block))
+            has_image = True
         elif isinstance(block, ToolCallBlock):
             calls.append(_tool_call_dict(block, f"{where}.blocks[{j}]"))
         elif isinstance(block, (ThinkingBlock, CachePoint)):
@@ -97,10 +121,11 @@ def _to_engine_message(message: ChatMessage, i: int) -> dict[str, Any]:
             raise BadRequestError.invalid(
                 f"{where}.blocks[{j}]",
                 type(block).__name__,
-                f"a {block.block_type!r} block cannot be taken by this text-only model; "
-                "send TextBlock content",
+                f"a {block.block_type!r} block is not supported; send TextBlock and "
+                "ImageBlock content (audio, video and documents are not supported)",
             )
-    out: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
+    content: Any = parts if has_image else "\n".join(p["text"] for p in parts)
+    out: dict[str, Any] = {"role": role, "content": content}
     if role == "assistant":
         legacy = message.additional_kwargs.get("tool_calls")
         if not calls and legacy:
@@ -128,13 +153,36 @@ def to_engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
 
     Text blocks are joined with newlines (as ``ChatMessage.content`` does); ``ToolCallBlock``
     blocks (or legacy ``additional_kwargs["tool_calls"]``) of assistant messages become
-    ``tool_calls``; a ``tool`` message takes ``additional_kwargs["tool_call_id"]``. Thinking
-    blocks are dropped; images, audio, video and documents are refused with
-    :class:`~vllm_inline.engine.BadRequestError`.
+    ``tool_calls``; a ``tool`` message takes ``additional_kwargs["tool_call_id"]``. A message
+    with ``ImageBlock``s keeps its content as a list of OpenAI text and ``image_url`` parts
+    (bytes as a data URL, a path, a URL), which the engine checks. Thinking blocks are dropped;
+    audio, video and documents are refused with :class:`~vllm_inline.engine.BadRequestError`.
     """
     if not messages:
         raise BadRequestError("messages is empty: send at least one message.", parameter="messages", value=[])
     return [_to_engine_message(m, i) for i, m in enumerate(messages)]
+
+
+class MultimodalLLMMetadata(LLMMetadata):
+    """``LLMMetadata`` plus whether the model takes images (llama-index-core 0.14 has no field
+    for it; multimodal input goes through ``ImageBlock``s in ``ChatMessage.blocks``)."""
+
+    is_multimodal: bool = Field(
+        default=False, description="True when the model takes ImageBlocks (a vision-language model)."
+    )
+
+
+def takes_images(engine: Any, model: str) -> bool:
+    """Whether ``model`` takes images: the running engine's answer; before it starts, whether the
+    local model directory's ``config.json`` has a ``vision_config`` (a hub id counts as
+    text-only until its engine runs). Starts nothing."""
+    if engine.started:
+        return bool(engine.accepts_images)
+    try:
+        with open(os.path.join(os.path.expanduser(model), "config.json"), encoding="utf-8") as f:
+            return "vision_config" in json.load(f)
+    except (OSError, ValueError):
+        return False
 
 
 # -- engine deltas -> LlamaIndex responses -------------------------------------------------

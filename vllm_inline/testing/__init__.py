@@ -7,7 +7,8 @@ that your chain stops where the model's chat format says, that no special token 
 leaks into the output, that tool calls and reasoning are parsed. :data:`SCENARIOS` lists the
 models (Llama 3, Qwen ChatML, Gemma formats; reasoning; tool calls); :func:`build_embedding_model`
 and :func:`build_reranker_model` build a small embedding model and a small cross-encoder for
-retrieval and reranking tests. See ``docs/testing.md``.
+retrieval and reranking tests; :func:`build_vision_model` a tiny random-weight Idefics3 for
+image-input tests. See ``docs/testing.md``.
 
 Test your own chain (pytest; the engine starts once per session, ~20 s on a CPU)::
 
@@ -41,17 +42,21 @@ from .embedding import EMBEDDING_HIDDEN_SIZE, build_embedding_model
 from .harness import CPU_TEST_ENGINE_KWARGS, ScriptedModel, scripted_model
 from .reranker import build_reranker_model
 from .scenarios import SCENARIOS, Chain, Scenario, expected_answer
+from .vision import IDEFICS3_CHAT_TEMPLATE, VISION_ENGINE_KWARGS, build_vision_model
 
 __all__ = [
     "CPU_TEST_ENGINE_KWARGS",
     "EMBEDDING_HIDDEN_SIZE",
+    "IDEFICS3_CHAT_TEMPLATE",
     "SCENARIOS",
+    "VISION_ENGINE_KWARGS",
     "Chain",
     "Scenario",
     "ScriptedModel",
     "build_embedding_model",
     "build_reranker_model",
     "build_scripted_model",
+    "build_vision_model",
     "default_root",
     "expected_answer",
     "scripted_model",
