@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import pathlib
-from typing import Any
 
 from .cache import build_once, kit_digest
 from .random_llama import llama_config, llama_layers, train_tokenizer
