@@ -291,7 +291,8 @@ class Engine:
         renderer. ``len(...)`` is the exact prompt size, e.g. to check it against
         :attr:`max_model_len` or to trim a conversation. Starts the engine.
         """
-        request = self._request(messages, _render_options(prompt, tools, chat_template, chat_template_kwargs))
+        options = _render_options(prompt, tools, chat_template, chat_template_kwargs)
+        request = self._request(messages, options)
         return await self._arun(lambda runtime: render.prompt_token_ids(runtime, request))
 
     def prompt_token_ids(
@@ -304,7 +305,8 @@ class Engine:
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
         """The synchronous form of :meth:`aprompt_token_ids` (same arguments, same ids)."""
-        request = self._request(messages, _render_options(prompt, tools, chat_template, chat_template_kwargs))
+        options = _render_options(prompt, tools, chat_template, chat_template_kwargs)
+        request = self._request(messages, options)
         return self._run(
             lambda runtime: render.prompt_token_ids(runtime, request),
             instead="engine.aprompt_token_ids(...)",
