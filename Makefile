@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 BULK_ARGS ?=
 
-.PHONY: install test demo check bench clean
+.PHONY: install test test-parallel demo check bench clean
 
 install: $(STAMP)
 
@@ -28,6 +28,12 @@ $(STAMP): pyproject.toml Makefile
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Tests that start several engine processes (tensor/pipeline/data parallel, multi-node data
+# parallel on 127.0.0.1, Ray Serve replicas): minutes each, so kept out of `make test`.
+test-parallel: install
+	$(PY) -m pip install -q -e ".[ray]"
+	$(PY) -m pytest -m parallel tests/parallel $(PYTEST_ARGS)
 
 demo: install
 	$(PY) -m vllm_inline demo $(if $(MODEL),--model "$(MODEL)")
