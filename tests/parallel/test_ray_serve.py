@@ -104,18 +104,21 @@ def events(lines: list[str]) -> list[tuple[str, str]]:
 class Cluster:
     """Ray and Serve as this module started them, and the processes they run."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, before: dict[int, str]) -> None:
         self.url = url
         """The Serve proxy's address, ``http://127.0.0.1:<port>``."""
+        self.before = before
+        """Processes below this one before Ray started (other modules' engines): not Ray's."""
         self.processes: dict[int, str] = {}
-        """Every process below this one while the replica served (recorded before shutdown)."""
+        """The processes below this one that Ray started (recorded before shutdown)."""
         self.down = False
 
     def shutdown(self) -> None:
         if self.down:
             return
         self.down = True
-        self.processes = descendants(os.getpid())
+        now = descendants(os.getpid())
+        self.processes = {pid: cmd for pid, cmd in now.items() if pid not in self.before}
         try:
             serve.shutdown()
         finally:
@@ -127,6 +130,7 @@ def cluster(scripted: Any) -> Iterator[Cluster]:
     example = load_example()
     path = scripted("demo").path
     port = free_port()
+    before = descendants(os.getpid())
     ray.init(
         address="local",
         num_cpus=2,
@@ -135,7 +139,7 @@ def cluster(scripted: Any) -> Iterator[Cluster]:
         log_to_driver=False,
         _node_ip_address="127.0.0.1",
     )
-    cluster = Cluster(f"http://127.0.0.1:{port}")
+    cluster = Cluster(f"http://127.0.0.1:{port}", before)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         app = example.build_app(
