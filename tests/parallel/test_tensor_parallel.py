@@ -16,6 +16,7 @@ from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from layouts import descendants, no_process_left, two_layer_copy, with_layout
 from llama_index.core.base.llms.types import ChatMessage
+
 from vllm_inline.engine import get_engine
 from vllm_inline.integrations.langchain import ChatVLLM
 from vllm_inline.integrations.llama_index import VLLM
