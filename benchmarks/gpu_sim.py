@@ -96,6 +96,8 @@ class SimulatedLLM:
         self.handler_delay: list[tuple[float, float]] = []
         """Per step: when, and how late against the step's due time, the handler put its
         outputs."""
+        self.cpu_marks: list[tuple[float, float]] = []
+        """Per step: ``perf_counter()`` and this process's ``process_time()`` after it."""
         self._requests: dict[str, _Running] = {}
         self._handler: asyncio.Task[None] | None = None
         self._chunk = envs.VLLM_V1_OUTPUT_PROC_CHUNK_SIZE
@@ -138,6 +140,7 @@ class SimulatedLLM:
                     await asyncio.sleep(0)  # as vLLM's handler does between chunks
             now = time.perf_counter()
             self.handler_delay.append((now, now - (next_step + offset)))
+            self.cpu_marks.append((now, time.process_time()))
 
     async def generate(self, engine_input: Any, params: Any, request_id: str, **_: Any) -> Any:
         from vllm.sampling_params import RequestOutputKind
@@ -310,6 +313,12 @@ def measure(
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     assert lags.tokens == streams * tokens, (name, lags.tokens, streams * tokens)
     steady, (lo, hi) = lags.steady(), lags.window()
+    marks = [m for m in sim.cpu_marks if lo <= m[0] <= hi]
+    steady_cpu = float("nan")
+    if len(marks) >= 2:
+        (t1, c1), (t2, c2) = marks[0], marks[-1]
+        seen = sum(1 for t in lags.seen if t1 < t <= t2)
+        steady_cpu = (c2 - c1) / max(seen, 1) * 1e6
     return {
         "path": name,
         # Steady state: from the first token any consumer saw to the last (the requests' start,
@@ -321,6 +330,13 @@ def measure(
         "lag_p99_all_ms": percentile(lags.values, 99) * 1e3,
         "window_s": hi - lo,
         "cpu_us_per_token": cpu / lags.tokens * 1e6,
+        # The same over the steady window only (the requests' start left out).
+        "steady_cpu_us_per_token": steady_cpu,
+        # Share of one core this process got in the window: well below 1 while it falls behind
+        # means the host (other processes), not this process, ran out of CPU.
+        "steady_cpu_share": (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
+        if len(marks) >= 2
+        else float("nan"),
         # How late the stand-in's output handler put its outputs (the loop was busy): lag that
         # the consumer lag above does not show, as in vLLM, where the engine core keeps going.
         "handler_delay_p99_ms": percentile([d for t, d in sim.handler_delay if lo <= t <= hi], 99)
@@ -395,7 +411,8 @@ def main() -> None:
                     f"lag p50 {row['lag_p50_ms']:7.1f} ms  p99 {row['lag_p99_ms']:8.1f} ms  "
                     f"(all {row['lag_p99_all_ms']:7.1f})  handler late p99 "
                     f"{row['handler_delay_p99_ms']:7.1f} ms  window {row['window_s']:4.1f} s  "
-                    f"cpu {row['cpu_us_per_token']:6.1f} us/tok"
+                    f"cpu {row['cpu_us_per_token']:6.1f} us/tok (steady "
+                    f"{row['steady_cpu_us_per_token']:5.1f}, {row['steady_cpu_share']:4.0%} of a core)"
                     f"{'' if row['sustained'] else '  NOT sustained'}",
                     flush=True,
                 )
@@ -405,15 +422,18 @@ def main() -> None:
     finally:
         runtime.llm = real
         engine.shutdown()
-    alone = {
-        r["offered_tok_s"]: r["cpu_us_per_token"] for r in results if r["path"] == "stand-in alone"
-    }
+    alone = {r["offered_tok_s"]: r for r in results if r["path"] == "stand-in alone"}
     print(
-        "\nceilings (highest offered rate sustained: >= 95 % delivered, lag p99 <= 50 ms), own cost"
+        "\nceilings (highest offered rate sustained: >= 95 % delivered, lag p99 <= 50 ms); own "
+        "CPU per token over the steady window, less the stand-in's (measured alone)"
     )
     for name in names[1:]:
         rows = [r for r in results if r["path"] == name]
-        own = [r["cpu_us_per_token"] - alone.get(r["offered_tok_s"], 0.0) for r in rows]
+        own = [
+            r["steady_cpu_us_per_token"]
+            - alone.get(r["offered_tok_s"], {}).get("steady_cpu_us_per_token", 0.0)
+            for r in rows
+        ]
         ceiling = ceilings.get(name, 0)
         target = ""
         if name.split(".")[1].startswith("a"):
