@@ -96,6 +96,10 @@ class SimulatedLLM:
         self.handler_delay: list[tuple[float, float]] = []
         """Per step: when, and how late against the step's due time, the handler put its
         outputs."""
+        self.outputs = 0
+        """Outputs ``generate`` yielded."""
+        self.merged = 0
+        """Of those, how many the collector had merged (more than one token)."""
         self.cpu_marks: list[tuple[float, float]] = []
         """Per step: ``perf_counter()`` and this process's ``process_time()`` after it."""
         self._requests: dict[str, _Running] = {}
@@ -114,7 +118,12 @@ class SimulatedLLM:
         emitted, requests, chunk = self.emitted, self._requests, self._chunk
         while requests:
             next_step += self.step_s
-            await asyncio.sleep(max(0.0, next_step - loop.time()))
+            delay = next_step - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            # else: behind, as when vLLM's handler finds the next step's outputs already queued
+            # (``await queue.get()`` returns without yielding): it goes straight on, and the
+            # collectors of requests whose consumers have not run yet merge the two steps.
             running = list(requests.values())
             for start in range(0, len(running), chunk):
                 for r in running[start : start + chunk]:
@@ -157,6 +166,8 @@ class SimulatedLLM:
             while not finished:
                 out = q.get_nowait() or await q.get()
                 finished = out.finished
+                self.outputs += 1
+                self.merged += len(out.outputs[0].token_ids) > 1
                 yield out
         finally:
             self._requests.pop(request_id, None)  # vLLM aborts a request closed early
@@ -332,6 +343,7 @@ def measure(
         "cpu_us_per_token": cpu / lags.tokens * 1e6,
         # The same over the steady window only (the requests' start left out).
         "steady_cpu_us_per_token": steady_cpu,
+        "collector_merged_share": sim.merged / max(sim.outputs, 1),
         # Share of one core this process got in the window: well below 1 while it falls behind
         # means the host (other processes), not this process, ran out of CPU.
         "steady_cpu_share": (marks[-1][1] - marks[0][1]) / (marks[-1][0] - marks[0][0])
@@ -354,7 +366,11 @@ def main() -> None:
     )
     ap.add_argument("--seconds", type=float, default=2.0, help="simulated seconds per run")
     ap.add_argument("--quick", action="store_true", help="64 streams, two rates, 1 s runs")
-    ap.add_argument("--json", help="write the results here")
+    ap.add_argument(
+        "--json",
+        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gpu_sim.json"),
+        help="write the results here (default benchmarks/results/gpu_sim.json)",
+    )
     ap.add_argument(
         "--paths", help="comma-separated paths to run (the stand-in alone always runs first)"
     )
@@ -389,6 +405,7 @@ def main() -> None:
     )
     results: list[dict[str, Any]] = []
     ceilings: dict[str, int] = {}
+    started, load_before = time.time(), os.getloadavg()
     try:
         for name in names:
             for rate in rates:
@@ -412,7 +429,8 @@ def main() -> None:
                     f"(all {row['lag_p99_all_ms']:7.1f})  handler late p99 "
                     f"{row['handler_delay_p99_ms']:7.1f} ms  window {row['window_s']:4.1f} s  "
                     f"cpu {row['cpu_us_per_token']:6.1f} us/tok (steady "
-                    f"{row['steady_cpu_us_per_token']:5.1f}, {row['steady_cpu_share']:4.0%} of a core)"
+                    f"{row['steady_cpu_us_per_token']:5.1f}, {row['steady_cpu_share']:4.0%} of a core)  "
+                    f"merged {row['collector_merged_share']:4.0%}"
                     f"{'' if row['sustained'] else '  NOT sustained'}",
                     flush=True,
                 )
@@ -443,10 +461,22 @@ def main() -> None:
             f"  {name:20s} ceiling {ceiling:>7d} tok/s  own cpu {min(own):5.1f}-{max(own):5.1f} "
             f"us/tok{target}"
         )
+    after = os.getloadavg()
+    print(f"host load average (1, 5, 15 min) before {load_before}, after {after}: a shared host")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"streams": args.streams, "results": results, "ceilings": ceilings}, f, indent=1
+                {
+                    "simulation": True,
+                    "when_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
+                    "load_average_before_after": [load_before, after],
+                    "streams": args.streams,
+                    "seconds": args.seconds,
+                    "results": results,
+                    "ceilings": ceilings,
+                },
+                f,
+                indent=1,
             )
 
 
