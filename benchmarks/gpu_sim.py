@@ -368,8 +368,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="64 streams, two rates, 1 s runs")
     ap.add_argument(
         "--json",
-        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gpu_sim.json"),
-        help="write the results here (default benchmarks/results/gpu_sim.json)",
+        help="write the results here (default: benchmarks/results/gpu_sim.json, not with --quick)",
     )
     ap.add_argument(
         "--paths", help="comma-separated paths to run (the stand-in alone always runs first)"
@@ -377,6 +376,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.streams, args.rates, args.seconds = 64, "6400,25600", 1.0
+    elif args.json is None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        args.json = os.path.join(here, "results", "gpu_sim.json")
     rates = [int(r) for r in args.rates.split(",")]
     names = list(PATH_NAMES)
     if args.paths:
