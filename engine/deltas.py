@@ -6,6 +6,7 @@ diffs cumulative text.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from .metrics import RequestMetrics
@@ -103,30 +104,44 @@ def coalesce(deltas: list[Delta]) -> list[Delta]:
     of different choices (``n > 1``) stay apart.
     """
     out: list[Delta] = []
+    run: list[Delta] = []
     for delta in deltas:
-        if out:
-            last = out[-1]
+        if run:
+            prev = run[-1]
             if (
-                last.index == delta.index
-                and last.finish_reason is None
-                and (last.logprobs is None) == (delta.logprobs is None)
+                prev.index == delta.index
+                and prev.finish_reason is None
+                and (prev.logprobs is None) == (delta.logprobs is None)
             ):
-                out[-1] = Delta(
-                    text=last.text + delta.text,
-                    reasoning=last.reasoning + delta.reasoning,
-                    tool_calls=last.tool_calls + delta.tool_calls,
-                    token_ids=last.token_ids + delta.token_ids,
-                    logprobs=(
-                        last.logprobs + delta.logprobs  # type: ignore[operator]
-                        if delta.logprobs is not None
-                        else None
-                    ),
-                    index=delta.index,
-                    finish_reason=delta.finish_reason,
-                    stop_reason=delta.stop_reason,
-                    usage=delta.usage,
-                    metrics=delta.metrics,
-                )
+                run.append(delta)
                 continue
-        out.append(delta)
+            out.append(_joined(run))
+        run = [delta]
+    if run:
+        out.append(_joined(run))
     return out
+
+
+def _joined(run: list[Delta]) -> Delta:
+    """One delta for a run of joinable ones, built once (a run of k pending deltas is one
+    object and one string join, not k - 1 intermediate deltas: the cost stays flat per token
+    however far the consumer fell behind)."""
+    if len(run) == 1:
+        return run[0]
+    last = run[-1]
+    chain = itertools.chain.from_iterable
+    logprobs = None
+    if last.logprobs is not None:
+        logprobs = tuple(chain([d.logprobs for d in run]))  # type: ignore[misc]
+    return Delta(
+        text="".join([d.text for d in run]),
+        reasoning="".join([d.reasoning for d in run]),
+        tool_calls=tuple(chain([d.tool_calls for d in run])),
+        token_ids=tuple(chain([d.token_ids for d in run])),
+        logprobs=logprobs,
+        index=last.index,
+        finish_reason=last.finish_reason,
+        stop_reason=last.stop_reason,
+        usage=last.usage,
+        metrics=last.metrics,
+    )
