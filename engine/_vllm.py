@@ -15,17 +15,6 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import (
-    BadRequestError,
-    ContextLengthExceededError,
-    EngineDeadError,
-    ModelLoadError,
-    VLLMInlineError,
-)
-from .images import MediaPolicy
-from .metrics import StatsBook
-from .platform_defaults import MachineFacts, PlatformDefaults, choose_engine_kwargs
-
 import vllm  # noqa: F401  (heavy: this module is imported lazily)
 from vllm import AsyncEngineArgs, SamplingParams
 from vllm.config import StructuredOutputsConfig
@@ -41,12 +30,22 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
 from vllm.v1.engine.exceptions import EngineGenerateError
 
+from ._vllm_platform import remote_peer_deadline, spawn_environment
+from .errors import (
+    BadRequestError,
+    ContextLengthExceededError,
+    EngineDeadError,
+    ModelLoadError,
+    VLLMInlineError,
+)
+from .images import MediaPolicy
+from .metrics import StatsBook
+
 __all__ = [
     "AsyncLLM",
     "check_engine_kwargs",
-    "decide_engine_kwargs",
-    "make_sampling_params",
     "is_media_error",
+    "make_sampling_params",
     "map_error",
     "media_policy",
     "render_chat",
@@ -71,102 +70,17 @@ def check_engine_kwargs(model: str, kwargs: Mapping[str, Any]) -> None:
         )
 
 
-def _cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags: ``/proc/cpuinfo`` (x86 ``flags``, Arm ``Features``), plus the
-    AVX-512 BF16 test vLLM's CPU backend itself uses (``torch.cpu._is_avx512_bf16_supported``)."""
-    flags: set[str] = set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    flags.update(value.split())
-                    break
-    except OSError:
-        pass
-    import torch
-
-    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
-    if callable(probe) and probe():
-        flags.add("avx512_bf16")
-    return frozenset(flags)
-
-
-def _weights_bytes(model: str) -> int | None:
-    """Size of the checkpoint's weight files: a local directory, or a hub id already cached."""
-    import os
-
-    path = os.path.expanduser(model)
-    if not os.path.isdir(path):
-        try:
-            from huggingface_hub import snapshot_download
-
-            path = snapshot_download(model, local_files_only=True)
-        except Exception:  # noqa: BLE001 - not cached: the size is unknown, not an error
-            return None
-    sizes = {ext: 0 for ext in (".safetensors", ".bin", ".pt")}
-    for name in os.listdir(path):
-        ext = os.path.splitext(name)[1]
-        if ext in sizes:
-            sizes[ext] += os.path.getsize(os.path.join(path, name))
-    # A repository can hold both formats; vLLM loads one (safetensors first).
-    return next((size for size in sizes.values() if size), None)
-
-
-def _model_facts(model: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """KV elements per token, context window and checkpoint dtype, from vLLM's ModelConfig."""
-    from vllm.config import ParallelConfig
-
-    config = AsyncEngineArgs(model=model, **kwargs).create_model_config()
-    parallel = ParallelConfig()
-    layers = config.get_num_layers_by_block_type(parallel, "attention")
-    if config.use_mla:
-        elements = layers * config.get_head_size()  # one latent vector per token, no separate V
-    else:
-        elements = 2 * layers * config.get_total_num_kv_heads() * config.get_head_size()
-    text_config = config.hf_text_config
-    dtype = getattr(text_config, "dtype", None) or getattr(text_config, "torch_dtype", None)
-    return {
-        "kv_elements_per_token": int(elements),
-        "model_max_len": int(config.max_model_len),
-        "checkpoint_dtype": str(dtype).replace("torch.", "") if dtype is not None else None,
-    }
-
-
-def decide_engine_kwargs(model: str, kwargs: Mapping[str, Any]) -> PlatformDefaults:
-    """The options to start with: on a CPU, measured defaults for what the user left unset
-    (:func:`.platform_defaults.choose_engine_kwargs`); on a GPU, the user's options as they are.
-
-    Raises :class:`~.errors.InsufficientMemoryError` before any process is spawned when the
-    options ask for more memory than the machine has free.
-    """
-    if not current_platform.is_cpu():
-        return choose_engine_kwargs(kwargs, MachineFacts(is_cpu=False))
-    from vllm.utils.cpu_resource_utils import get_memory_node_info
-
-    node = get_memory_node_info(0)  # the node vLLM's CPU worker checks and allocates on
-    try:
-        model_facts = _model_facts(model, kwargs)
-    except Exception as e:  # noqa: BLE001 - vLLM's own start reports a bad config better
-        import logging
-
-        logging.getLogger("vllm_inline").debug("model facts unavailable: %r", e)
-        model_facts = {}
-    facts = MachineFacts(
-        is_cpu=True,
-        free_memory_bytes=int(node.available_memory),
-        total_memory_bytes=int(node.total_memory),
-        cpu_flags=_cpu_flags(),
-        weights_bytes=_weights_bytes(model),
-        **model_facts,
-    )
-    return choose_engine_kwargs(kwargs, facts)
-
-
-
-def start_engine(model: str, kwargs: Mapping[str, Any], stats: StatsBook) -> AsyncLLM:
+def start_engine(
+    model: str,
+    kwargs: Mapping[str, Any],
+    stats: StatsBook,
+    environment: Mapping[str, str] | None = None,
+) -> AsyncLLM:
     """Build ``AsyncLLM`` (blocking, ~20 s on a CPU); call it on the engine's loop thread.
 
+    ``environment`` is set while vLLM spawns its processes (see :func:`.spawn_environment`);
+    a head of multi-node data parallel waits for its remote engine cores for a bounded time
+    (:func:`.remote_peer_deadline`).
     vLLM's stats reach ``stats`` and the shared Prometheus registry after every step (see
     :mod:`._vllm_stats`). vLLM's periodic stats log line is off unless the caller sets
     ``disable_log_stats=False``: in a library, a line every few seconds is noise.
@@ -188,7 +102,8 @@ def start_engine(model: str, kwargs: Mapping[str, Any], stats: StatsBook) -> Asy
             options["max_cpu_loras"] = int(options["max_cpu_loras"]) + 1
     disable_envs_cache()  # this engine reads the environment as it is now (see below)
     args = AsyncEngineArgs(model=model, **options)
-    llm = AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers(stats))
+    with spawn_environment(environment or {}), remote_peer_deadline(options):
+        llm = AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers(stats))
     # As vLLM's own server does once it is up: move the start-up heap (torch, transformers,
     # vLLM: ~700k objects) out of the collector's sight. Unfrozen, every full collection walked
     # it, a 0.5-0.7 s pause in the middle of the streams (LangChain and LlamaIndex allocate

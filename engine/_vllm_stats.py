@@ -60,6 +60,8 @@ class BookLogger(StatLoggerBase):
     def __init__(self, vllm_config: Any, engine_index: int = 0, *, book: StatsBook) -> None:
         self.book = book
         """Where the figures go."""
+        self.engine_index = engine_index
+        """The engine core (data-parallel rank) this logger is for: vLLM makes one per core."""
 
     def record(
         self,
@@ -68,7 +70,7 @@ class BookLogger(StatLoggerBase):
         mm_cache_stats: Any = None,
         engine_idx: int = 0,
     ) -> None:
-        self.book.record(scheduler_stats, iteration_stats)
+        self.book.record(scheduler_stats, iteration_stats, self.engine_index)
 
     def log_engine_initialized(self) -> None:
         pass

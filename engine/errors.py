@@ -19,6 +19,7 @@ __all__ = [
     "EngineUnavailableError",
     "InsufficientMemoryError",
     "ModelLoadError",
+    "ParallelLayoutError",
     "RequestTimeoutError",
     "UnsupportedTaskError",
     "VLLMInlineError",
@@ -84,6 +85,21 @@ class InsufficientMemoryError(ModelLoadError):
         """Bytes that option asks for."""
         self.free_bytes = free_bytes
         """Bytes free on the machine (its memory node) when the engine was about to start."""
+
+
+class ParallelLayoutError(ModelLoadError):
+    """A parallel layout (``tensor_parallel_size``, ``pipeline_parallel_size``,
+    ``data_parallel_size``, ...) that cannot run here: more ranks than CPUs, attention heads not
+    divisible by the tensor-parallel size, or remote data-parallel engines that never connected.
+    Raised before any process starts where the facts allow, otherwise at start, within a bounded
+    time and with every process the start spawned stopped. ``option`` names the option."""
+
+    def __init__(self, message: str, *, option: str, value: Any) -> None:
+        super().__init__(message)
+        self.option = option
+        """The engine option to change."""
+        self.value = value
+        """Its value in the layout that failed."""
 
 
 class EngineUnavailableError(VLLMInlineError, RuntimeError):

@@ -7,8 +7,9 @@ This module only keeps those figures in a typed form:
 - :class:`RequestMetrics`: one request's queue time, time to first token, prefill, decode and
   end-to-end time, on the last :class:`~.deltas.Delta` of the request (``delta.metrics``).
 - :class:`EngineStats`: a snapshot of one engine, from :meth:`Engine.stats
-  <vllm_inline.engine.Engine.stats>`. :class:`StatsBook` keeps the latest figures; a stat logger
-  registered with vLLM (``_vllm_stats``) writes them after every engine step.
+  <vllm_inline.engine.Engine.stats>`, with one snapshot per engine core when the engine runs
+  several (``data_parallel_size``). :class:`StatsBook` keeps the latest figures; a stat logger
+  registered with vLLM (``_vllm_stats``) writes them after every step of every engine core.
 - :func:`prometheus_registry`: vLLM's own Prometheus metrics (``vllm:num_requests_running``,
   ``vllm:time_to_first_token_seconds``, ...) for every engine of the process, labelled by model.
 
@@ -104,44 +105,74 @@ class EngineStats:
     """Tokens generated since start."""
     requests_finished: int
     """Requests finished since start."""
+    engine_cores: tuple[EngineStats, ...] = ()
+    """The same figures per engine core (data-parallel rank), in rank order; the figures above
+    are their sums (``kv_cache_usage``: their mean). Each core's own ``engine_cores`` is empty."""
+
+
+@dataclass(slots=True)
+class _CoreFigures:
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    queries: int = 0
+    hits: int = 0
+    prompt: int = 0
+    generated: int = 0
+    finished: int = 0
+
+    def stats(self, cores: tuple[EngineStats, ...] = ()) -> EngineStats:
+        return EngineStats(
+            requests_running=self.running,
+            requests_waiting=self.waiting,
+            kv_cache_usage=self.kv_usage,
+            prefix_cache_hit_rate=self.hits / self.queries if self.queries else 0.0,
+            prompt_tokens=self.prompt,
+            generation_tokens=self.generated,
+            requests_finished=self.finished,
+            engine_cores=cores,
+        )
 
 
 class StatsBook:
-    """The running figures of one engine; vLLM's stat logger calls :meth:`record` after every
-    step, on the engine loop, and :meth:`snapshot` may be called from any thread."""
+    """The running figures of one engine, per engine core; vLLM's stat loggers call
+    :meth:`record` after every step, on the engine loop, and :meth:`snapshot` may be called from
+    any thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._running = self._waiting = 0
-        self._kv_usage = 0.0
-        self._queries = self._hits = 0
-        self._prompt = self._generated = self._finished = 0
+        self._cores: dict[int, _CoreFigures] = {}
 
-    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
-        """Add one step's ``SchedulerStats`` and ``IterationStats`` (either may be ``None``)."""
+    def record(self, scheduler_stats: Any, iteration_stats: Any, engine_index: int = 0) -> None:
+        """Add one step's ``SchedulerStats`` and ``IterationStats`` (either may be ``None``) of
+        engine core ``engine_index``."""
         with self._lock:
+            core = self._cores.setdefault(engine_index, _CoreFigures())
             if scheduler_stats is not None:
-                self._running = scheduler_stats.num_running_reqs
-                self._waiting = scheduler_stats.num_waiting_reqs
-                self._kv_usage = float(scheduler_stats.kv_cache_usage)
+                core.running = scheduler_stats.num_running_reqs
+                core.waiting = scheduler_stats.num_waiting_reqs
+                core.kv_usage = float(scheduler_stats.kv_cache_usage)
                 prefix = scheduler_stats.prefix_cache_stats
                 if prefix is not None:
-                    self._queries += prefix.queries
-                    self._hits += prefix.hits
+                    core.queries += prefix.queries
+                    core.hits += prefix.hits
             if iteration_stats is not None:
-                self._prompt += iteration_stats.num_prompt_tokens
-                self._generated += iteration_stats.num_generation_tokens
-                self._finished += len(iteration_stats.finished_requests)
+                core.prompt += iteration_stats.num_prompt_tokens
+                core.generated += iteration_stats.num_generation_tokens
+                core.finished += len(iteration_stats.finished_requests)
 
     def snapshot(self) -> EngineStats:
-        """The figures now."""
+        """The figures now: the sums over the engine cores, and each core's own."""
         with self._lock:
-            return EngineStats(
-                requests_running=self._running,
-                requests_waiting=self._waiting,
-                kv_cache_usage=self._kv_usage,
-                prefix_cache_hit_rate=self._hits / self._queries if self._queries else 0.0,
-                prompt_tokens=self._prompt,
-                generation_tokens=self._generated,
-                requests_finished=self._finished,
+            cores = [self._cores[i] for i in sorted(self._cores)] or [_CoreFigures()]
+            total = _CoreFigures(
+                running=sum(c.running for c in cores),
+                waiting=sum(c.waiting for c in cores),
+                kv_usage=sum(c.kv_usage for c in cores) / len(cores),
+                queries=sum(c.queries for c in cores),
+                hits=sum(c.hits for c in cores),
+                prompt=sum(c.prompt for c in cores),
+                generated=sum(c.generated for c in cores),
+                finished=sum(c.finished for c in cores),
             )
+            return total.stats(tuple(c.stats() for c in cores))

@@ -8,6 +8,12 @@ refuses to start when other processes hold a few GiB; and compiling the model (n
 user's options and the measured facts (:class:`MachineFacts`), the options to pass instead, with
 one reason per choice. It is a pure function: the facts are measured in :mod:`._vllm`.
 
+Parallel layouts need one more choice on a CPU. vLLM binds each tensor/pipeline-parallel rank's
+OpenMP threads to its own NUMA node, and refuses to start when there are fewer nodes than ranks
+(the usual case: one node) unless ``VLLM_CPU_OMP_THREADS_BIND`` lists a CPU set per rank. When the
+user set no binding, one is chosen from the CPUs this process may use, and set in the engine
+processes' environment only.
+
 On a GPU nothing changes. Anything the user sets wins. A request for more memory than the
 machine has fails with :class:`~.errors.InsufficientMemoryError` before any process starts.
 """
@@ -18,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InsufficientMemoryError
+from .errors import InsufficientMemoryError, ParallelLayoutError
 
 __all__ = [
     "BF16_FLAGS",
@@ -70,6 +76,14 @@ class MachineFacts:
     """KV-cache elements one token takes: 2 (K and V) x layers x KV heads x head size."""
     model_max_len: int | None = None
     """The model's own context window (``max_position_embeddings`` and friends)."""
+    attention_heads: int | None = None
+    """The model's attention heads (the tensor-parallel size must divide them)."""
+    allowed_cpus: tuple[int, ...] = ()
+    """The CPUs this process may run on (``os.sched_getaffinity``)."""
+    memory_nodes: int | None = None
+    """NUMA memory nodes this process may use (vLLM's automatic binding takes one per rank)."""
+    threads_bind: str | None = None
+    """``VLLM_CPU_OMP_THREADS_BIND`` as set in the environment (None: unset)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +96,8 @@ class Choice:
     """The value chosen."""
     reason: str
     """Why, in a few words (shown in the start-up log and by ``python -m vllm_inline check``)."""
+    env: bool = False
+    """True when ``name`` is an environment variable of the engine's processes, not an option."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +106,9 @@ class PlatformDefaults:
 
     kwargs: dict[str, Any]
     """Every option passed to vLLM's ``AsyncEngineArgs`` (user's and chosen)."""
+    environment: dict[str, str] = field(default_factory=dict)
+    """Environment variables set while the engine starts, so that the processes it spawns
+    inherit them (the caller's own environment is left as it was)."""
     chosen: tuple[Choice, ...] = ()
     """The options vllm-inline set because the user did not; empty on a GPU."""
     facts: MachineFacts | None = field(default=None, compare=False)
@@ -252,16 +271,93 @@ def _kv_cache(
     )
 
 
+def _size(user: Mapping[str, Any], name: str) -> int:
+    return int(user.get(name) or 1)
+
+
+def _check_layout(user: Mapping[str, Any], facts: MachineFacts) -> None:
+    """Refuse a parallel layout that cannot start here, before any process is spawned."""
+    tp = _size(user, "tensor_parallel_size")
+    if facts.attention_heads and facts.attention_heads % tp:
+        # vLLM refuses it too, as a ValueError from deep in its config that names no option.
+        raise ParallelLayoutError(
+            f"tensor_parallel_size={tp} does not divide the model's {facts.attention_heads} "
+            "attention heads: each rank takes an equal share. Pass a tensor_parallel_size that "
+            f"divides {facts.attention_heads}.",
+            option="tensor_parallel_size",
+            value=tp,
+        )
+    if not facts.is_cpu:
+        return
+    pp = _size(user, "pipeline_parallel_size")
+    if pp > 1 and user.get("enforce_eager"):
+        raise ParallelLayoutError(
+            f"pipeline_parallel_size={pp} with enforce_eager=True fails at the first request on "
+            "a CPU: vLLM's CPU worker sets up the tensors the stages hand over only while it "
+            "compiles the model. Leave enforce_eager out (or False) with pipeline parallel.",
+            option="enforce_eager",
+            value=True,
+        )
+    if not facts.allowed_cpus:
+        return
+    ranks = tp * pp
+    local_dp = int(user.get("data_parallel_size_local") or _size(user, "data_parallel_size"))
+    cpus = len(facts.allowed_cpus)
+    if ranks * local_dp > cpus:
+        sizes = {
+            "tensor_parallel_size": tp,
+            "pipeline_parallel_size": pp,
+            "data_parallel_size": local_dp,
+        }
+        option = max(sizes, key=sizes.__getitem__)  # the largest: lowering it helps most
+        raise ParallelLayoutError(
+            f"tensor_parallel_size={tp} x pipeline_parallel_size={pp} x data_parallel_size "
+            f"(local)={local_dp} "
+            f"needs {ranks * local_dp} CPU workers, one CPU at least each, but this process may "
+            f"use {cpus} CPU(s) ({list(facts.allowed_cpus)}). Lower {option}, or run on more "
+            "CPUs.",
+            option=option,
+            value=sizes[option],
+        )
+
+
+def _thread_binding(user: Mapping[str, Any], facts: MachineFacts) -> Choice | None:
+    """A CPU set per tensor/pipeline-parallel rank, when vLLM's automatic binding would refuse."""
+    ranks = _size(user, "tensor_parallel_size") * _size(user, "pipeline_parallel_size")
+    if ranks == 1 or facts.threads_bind not in (None, "", "auto"):
+        return None  # one rank needs no binding; a binding the user set wins
+    local_dp = int(user.get("data_parallel_size_local") or _size(user, "data_parallel_size"))
+    if facts.memory_nodes is not None and facts.memory_nodes >= ranks * local_dp:
+        return None  # vLLM binds one NUMA node per rank itself
+    cpus = sorted(facts.allowed_cpus)
+    workers = ranks * local_dp
+    # One CPU is left to the engine core's scheduler and this process when there is one to
+    # spare (vLLM's automatic binding reserves CPUs for them too); the rest is split evenly.
+    per = (len(cpus) - (1 if len(cpus) > workers else 0)) // workers
+    groups = [cpus[i * per : (i + 1) * per] for i in range(workers)]
+    value = "|".join(",".join(str(c) for c in group) for group in groups)
+    return Choice(
+        "VLLM_CPU_OMP_THREADS_BIND",
+        value,
+        f"{workers} CPU workers and {facts.memory_nodes or 1} NUMA node(s): vLLM's automatic "
+        f"binding needs a node per worker, so {per} of the CPUs {cpus} each",
+        env=True,
+    )
+
+
 def choose_engine_kwargs(user_kwargs: Mapping[str, Any], facts: MachineFacts) -> PlatformDefaults:
     """The engine options for these facts: the user's, plus CPU defaults for what is unset.
 
     On a CPU, for each option the user did not set: ``dtype`` (bfloat16 when the CPU has bf16
     instructions, else float32), ``kv_cache_memory_bytes`` (a few full-length sequences, at most
     half of the free memory left after the weights, at most 4 GiB; ``max_model_len`` is lowered
-    when even one sequence does not fit) and ``enforce_eager=True``. Raises
-    :class:`InsufficientMemoryError` when the user asks for more memory than is free.
+    when even one sequence does not fit) and ``enforce_eager=True``; for more than one tensor or
+    pipeline-parallel rank, ``VLLM_CPU_OMP_THREADS_BIND`` in the engine processes' environment.
+    Raises :class:`InsufficientMemoryError` when the user asks for more memory than is free, and
+    :class:`ParallelLayoutError` for a parallel layout that cannot run here.
     """
     kwargs = dict(user_kwargs)
+    _check_layout(user_kwargs, facts)
     if not facts.is_cpu:
         return PlatformDefaults(kwargs=kwargs, facts=facts)
     _check_user_memory(user_kwargs, facts)
@@ -274,8 +370,17 @@ def choose_engine_kwargs(user_kwargs: Mapping[str, Any], facts: MachineFacts) ->
         dtype = str(facts.checkpoint_dtype or "float32").replace("torch.", "")
     chosen.extend(c for c in _kv_cache(user_kwargs, facts, dtype) if c is not None)
     if "enforce_eager" not in user_kwargs:
-        chosen.append(
-            Choice("enforce_eager", True, "compiling the model adds minutes to a CPU start")
-        )
-    kwargs.update({c.name: c.value for c in chosen})
-    return PlatformDefaults(kwargs=kwargs, chosen=tuple(chosen), facts=facts)
+        if _size(user_kwargs, "pipeline_parallel_size") > 1:
+            reason = "pipeline parallel on a CPU needs the compiled model (see _check_layout)"
+            chosen.append(Choice("enforce_eager", False, reason))
+        else:
+            reason = "compiling the model adds minutes to a CPU start"
+            chosen.append(Choice("enforce_eager", True, reason))
+    binding = _thread_binding(user_kwargs, facts)
+    if binding is not None:
+        chosen.append(binding)
+    kwargs.update({c.name: c.value for c in chosen if not c.env})
+    environment = {c.name: str(c.value) for c in chosen if c.env}
+    return PlatformDefaults(
+        kwargs=kwargs, environment=environment, chosen=tuple(chosen), facts=facts
+    )

@@ -259,9 +259,9 @@ async def _build(
     # Built on the loop thread, so vLLM's output handler binds to this loop. vLLM is first
     # imported here too: some of its modules keep import-time tracebacks, which would keep
     # the caller's frames (and through them the engine) alive until interpreter exit.
-    from . import _vllm
+    from . import _vllm, _vllm_platform
 
     _vllm.check_engine_kwargs(model, vllm_kwargs)
     # Measured before anything is spawned: a request for more memory than is free fails here.
-    defaults = _vllm.decide_engine_kwargs(model, vllm_kwargs)
-    return _vllm.start_engine(model, defaults.kwargs, stats), defaults
+    defaults = _vllm_platform.decide_engine_kwargs(model, vllm_kwargs)
+    return _vllm.start_engine(model, defaults.kwargs, stats, defaults.environment), defaults

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from vllm_inline.engine import get_engine
-from vllm_inline.engine.errors import InsufficientMemoryError, ModelLoadError
+from vllm_inline.engine.errors import InsufficientMemoryError, ModelLoadError, ParallelLayoutError
 
 pytestmark = pytest.mark.engine
 
@@ -61,3 +61,24 @@ def test_more_kv_cache_than_free_memory_fails_typed_before_spawning(scripted: An
     assert err.option == "kv_cache_memory_bytes" and err.requested_bytes == too_much
     assert "kv_cache_memory_bytes" in str(err) and "free memory" in str(err)
     assert 0 < err.free_bytes < too_much
+
+
+@pytest.mark.parametrize(
+    ("layout", "option"),
+    [
+        ({"tensor_parallel_size": 3}, "tensor_parallel_size"),  # 4 heads
+        ({"tensor_parallel_size": 4}, "tensor_parallel_size"),  # 4 ranks, 2 CPUs here
+        ({"pipeline_parallel_size": 2, "enforce_eager": True}, "enforce_eager"),
+    ],
+)
+def test_a_parallel_layout_that_cannot_run_fails_typed_before_spawning(
+    scripted: Any, layout: dict[str, Any], option: str
+) -> None:
+    s = scripted("llama3")
+    engine = get_engine(s.path, **{**s.engine_kwargs, **layout})
+    before = _children()
+    with pytest.raises(ParallelLayoutError) as info:
+        engine.start()
+    assert _children() - before == set()
+    assert not engine.started
+    assert info.value.option == option and f"{option}=" in str(info.value)

@@ -24,7 +24,8 @@ def test_engine_exports_are_pinned():
     assert sorted(engine_module.__all__) == sorted([
         "DEFAULTS", "BadRequestError", "ChatTemplateError", "ContextLengthExceededError",
         "Delta", "Engine", "EngineDeadError", "EngineShutdownError", "EngineStats",
-        "EngineUnavailableError", "InsufficientMemoryError", "ModelLoadError", "RequestMetrics",
+        "EngineUnavailableError", "InsufficientMemoryError", "ModelLoadError", "ParallelLayoutError",
+        "RequestMetrics",
         "RequestTimeoutError", "StopPolicy", "TokenLogprob", "ToolCallDelta",
         "UnsupportedTaskError", "Usage", "VLLMInlineError", "get_engine", "prometheus_registry",
         "shutdown_all",

@@ -116,7 +116,6 @@ def test_prometheus_metrics_through_the_fastapi_example(scripted) -> None:
     """examples/fastapi_sse.py serves /metrics; a scrape during load sees vLLM's metrics move,
     for two engines at once."""
     import uvicorn
-
     from test_examples import load  # the examples' loader of tests/test_examples.py
 
     demo, other = scripted("demo"), scripted("chatml")
@@ -259,3 +258,34 @@ def test_no_periodic_stats_log_by_default(scripted) -> None:
     kinds = {type(getattr(lg, "per_engine_stat_loggers", {0: lg})[0]) for lg in loggers}
     assert not any(issubclass(k, LoggingStatLogger) for k in kinds), kinds
     assert re.search("Prometheus", " ".join(k.__name__ for k in kinds))
+
+
+def test_stats_book_keeps_each_engine_core_apart() -> None:
+    """Data-parallel engines report per engine core; the snapshot sums them and keeps each."""
+    from types import SimpleNamespace
+
+    from vllm_inline.engine.metrics import StatsBook
+
+    def step(running: int, finished: int, kv: float) -> tuple[Any, Any]:
+        prefix = SimpleNamespace(queries=10, hits=5)
+        scheduler = SimpleNamespace(
+            num_running_reqs=running, num_waiting_reqs=1, kv_cache_usage=kv,
+            prefix_cache_stats=prefix,
+        )
+        iteration = SimpleNamespace(
+            num_prompt_tokens=7, num_generation_tokens=3, finished_requests=[None] * finished
+        )
+        return scheduler, iteration
+
+    book = StatsBook()
+    assert book.snapshot().engine_cores[0].requests_running == 0  # before the first step
+    book.record(*step(4, 2, 0.5), engine_index=0)
+    book.record(*step(3, 1, 0.1), engine_index=1)
+    book.record(*step(2, 1, 0.3), engine_index=1)  # the latest gauge wins, counters add up
+    stats = book.snapshot()
+    assert [c.requests_running for c in stats.engine_cores] == [4, 2]
+    assert [c.requests_finished for c in stats.engine_cores] == [2, 2]
+    assert (stats.requests_running, stats.requests_waiting, stats.requests_finished) == (6, 2, 4)
+    assert stats.kv_cache_usage == pytest.approx(0.4)
+    assert stats.generation_tokens == 9 and stats.prefix_cache_hit_rate == 0.5
+    assert stats.engine_cores[1].engine_cores == ()

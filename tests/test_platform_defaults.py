@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_inline.engine.errors import InsufficientMemoryError, ModelLoadError
+from vllm_inline.engine.errors import (
+    InsufficientMemoryError,
+    ModelLoadError,
+    ParallelLayoutError,
+)
 from vllm_inline.engine.platform_defaults import (
     Choice,
     MachineFacts,
@@ -153,3 +157,86 @@ def test_unknown_model_size_falls_back_to_a_fixed_kv_cache() -> None:
 def test_choice_is_a_plain_record() -> None:
     c = Choice("dtype", "float32", "why")
     assert (c.name, c.value, c.reason) == ("dtype", "float32", "why")
+
+
+# -- parallel layouts: a CPU set per rank when vLLM's automatic binding would refuse ----------
+
+
+def two_cpus(**facts) -> MachineFacts:
+    base = dict(allowed_cpus=(0, 1), memory_nodes=1, attention_heads=8, **SMOL)
+    return cpu(**{**base, **facts})
+
+
+def test_one_rank_needs_no_binding() -> None:
+    result = choose_engine_kwargs({}, two_cpus())
+    assert result.environment == {}
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in chosen(result)
+
+
+@pytest.mark.parametrize(
+    ("user", "cpus", "bind"),
+    [
+        ({"tensor_parallel_size": 2}, (0, 1), "0|1"),
+        ({"pipeline_parallel_size": 2}, (0, 1), "0|1"),
+        # One CPU is left to the scheduler and the caller when there is one to spare.
+        ({"tensor_parallel_size": 2}, (0, 1, 2, 3, 4), "0,1|2,3"),
+        ({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}, tuple(range(8)), "0|1|2|3"),
+        # vLLM's mask lists DP rank x world CPU sets in a row.
+        ({"tensor_parallel_size": 2, "data_parallel_size": 2}, (4, 5, 6, 7), "4|5|6|7"),
+    ],
+)
+def test_tp_pp_on_one_numa_node_get_a_cpu_set_per_rank(user, cpus, bind) -> None:
+    result = choose_engine_kwargs(user, two_cpus(allowed_cpus=cpus))
+    assert result.environment == {"VLLM_CPU_OMP_THREADS_BIND": bind}
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in result.kwargs  # an environment variable, not an option
+    assert "VLLM_CPU_OMP_THREADS_BIND=" + bind in result.summary()
+
+
+def test_a_binding_the_user_set_wins() -> None:
+    result = choose_engine_kwargs({"tensor_parallel_size": 2}, two_cpus(threads_bind="0-1|0-1"))
+    assert result.environment == {}
+
+
+def test_enough_numa_nodes_leave_the_binding_to_vllm() -> None:
+    result = choose_engine_kwargs({"tensor_parallel_size": 2}, two_cpus(memory_nodes=2))
+    assert result.environment == {}
+
+
+def test_gpu_layout_is_vllms() -> None:
+    result = choose_engine_kwargs({"tensor_parallel_size": 4}, MachineFacts(is_cpu=False))
+    assert result.environment == {} and result.kwargs == {"tensor_parallel_size": 4}
+
+
+@pytest.mark.parametrize(
+    ("user", "option", "value"),
+    [
+        ({"tensor_parallel_size": 4}, "tensor_parallel_size", 4),
+        ({"pipeline_parallel_size": 3}, "pipeline_parallel_size", 3),
+        ({"tensor_parallel_size": 2, "data_parallel_size": 2}, "tensor_parallel_size", 2),
+    ],
+)
+def test_more_ranks_than_cpus_is_refused_naming_the_option(user, option, value) -> None:
+    with pytest.raises(ParallelLayoutError) as info:
+        choose_engine_kwargs(user, two_cpus())
+    assert (info.value.option, info.value.value) == (option, value)
+    assert f"{option}={value}" in str(info.value) and "[0, 1]" in str(info.value)
+    assert isinstance(info.value, ModelLoadError)
+
+
+def test_heads_not_divisible_by_tp_is_refused_before_start() -> None:
+    with pytest.raises(ParallelLayoutError, match=r"tensor_parallel_size=3 does not divide the model's 8") as info:
+        choose_engine_kwargs({"tensor_parallel_size": 3}, two_cpus(allowed_cpus=(0, 1, 2, 3)))
+    assert info.value.option == "tensor_parallel_size"
+
+
+def test_pipeline_parallel_on_a_cpu_compiles() -> None:
+    result = choose_engine_kwargs({"pipeline_parallel_size": 2}, two_cpus())
+    assert result.kwargs["enforce_eager"] is False  # eager mode breaks stage 2 on a CPU
+
+
+def test_pipeline_parallel_with_eager_mode_is_refused_on_a_cpu() -> None:
+    user = {"pipeline_parallel_size": 2, "enforce_eager": True}
+    with pytest.raises(ParallelLayoutError, match="enforce_eager=True") as info:
+        choose_engine_kwargs(user, two_cpus())
+    assert (info.value.option, info.value.value) == ("enforce_eager", True)
+    assert choose_engine_kwargs(user, MachineFacts(is_cpu=False)).kwargs == user  # GPU: vLLM's

@@ -1,0 +1,193 @@
+"""vLLM's view of the machine: the facts the CPU defaults are chosen from, the environment the
+engine's processes are spawned with, and how long a start waits for engine cores on other nodes.
+
+Imported only when an engine starts (it imports vLLM and torch). The choices themselves are made
+by the pure :func:`.platform_defaults.choose_engine_kwargs`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from vllm import AsyncEngineArgs, envs
+from vllm.platforms import current_platform
+
+from .errors import ParallelLayoutError
+from .platform_defaults import MachineFacts, PlatformDefaults, choose_engine_kwargs
+
+__all__ = ["decide_engine_kwargs", "remote_peer_deadline", "spawn_environment"]
+
+
+def _cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags: ``/proc/cpuinfo`` (x86 ``flags``, Arm ``Features``), plus the
+    AVX-512 BF16 test vLLM's CPU backend itself uses (``torch.cpu._is_avx512_bf16_supported``)."""
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    flags.update(value.split())
+                    break
+    except OSError:
+        pass
+    import torch
+
+    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    if callable(probe) and probe():
+        flags.add("avx512_bf16")
+    return frozenset(flags)
+
+
+def _weights_bytes(model: str) -> int | None:
+    """Size of the checkpoint's weight files: a local directory, or a hub id already cached."""
+    path = os.path.expanduser(model)
+    if not os.path.isdir(path):
+        try:
+            from huggingface_hub import snapshot_download
+
+            path = snapshot_download(model, local_files_only=True)
+        except Exception:  # noqa: BLE001 - not cached: the size is unknown, not an error
+            return None
+    sizes = {ext: 0 for ext in (".safetensors", ".bin", ".pt")}
+    for name in os.listdir(path):
+        ext = os.path.splitext(name)[1]
+        if ext in sizes:
+            sizes[ext] += os.path.getsize(os.path.join(path, name))
+    # A repository can hold both formats; vLLM loads one (safetensors first).
+    return next((size for size in sizes.values() if size), None)
+
+
+def _model_facts(model: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """KV elements per token, context window and checkpoint dtype, from vLLM's ModelConfig."""
+    from vllm.config import ParallelConfig
+
+    config = AsyncEngineArgs(model=model, **kwargs).create_model_config()
+    parallel = ParallelConfig()
+    layers = config.get_num_layers_by_block_type(parallel, "attention")
+    if config.use_mla:
+        elements = layers * config.get_head_size()  # one latent vector per token, no separate V
+    else:
+        elements = 2 * layers * config.get_total_num_kv_heads() * config.get_head_size()
+    text_config = config.hf_text_config
+    dtype = getattr(text_config, "dtype", None) or getattr(text_config, "torch_dtype", None)
+    return {
+        "attention_heads": int(config.model_arch_config.total_num_attention_heads),
+        "kv_elements_per_token": int(elements),
+        "model_max_len": int(config.max_model_len),
+        "checkpoint_dtype": str(dtype).replace("torch.", "") if dtype is not None else None,
+    }
+
+
+def decide_engine_kwargs(model: str, kwargs: Mapping[str, Any]) -> PlatformDefaults:
+    """The options to start with: on a CPU, measured defaults for what the user left unset
+    (:func:`.platform_defaults.choose_engine_kwargs`); on a GPU, the user's options as they are.
+
+    Raises :class:`~.errors.InsufficientMemoryError` before any process is spawned when the
+    options ask for more memory than the machine has free.
+    """
+    if not current_platform.is_cpu():
+        return choose_engine_kwargs(kwargs, MachineFacts(is_cpu=False))
+    from vllm.utils.cpu_resource_utils import get_memory_node_info
+
+    node = get_memory_node_info(0)  # the node vLLM's CPU worker checks and allocates on
+    try:
+        model_facts = _model_facts(model, kwargs)
+    except Exception as e:  # noqa: BLE001 - vLLM's own start reports a bad config better
+        import logging
+
+        logging.getLogger("vllm_inline").debug("model facts unavailable: %r", e)
+        model_facts = {}
+    from vllm import envs
+    from vllm.utils.cpu_resource_utils import get_visible_memory_node
+
+    facts = MachineFacts(
+        is_cpu=True,
+        allowed_cpus=tuple(sorted(os.sched_getaffinity(0))),
+        memory_nodes=len(get_visible_memory_node()),
+        threads_bind=os.environ.get("VLLM_CPU_OMP_THREADS_BIND") and envs.VLLM_CPU_OMP_THREADS_BIND,
+        free_memory_bytes=int(node.available_memory),
+        total_memory_bytes=int(node.total_memory),
+        cpu_flags=_cpu_flags(),
+        weights_bytes=_weights_bytes(model),
+        **model_facts,
+    )
+    return choose_engine_kwargs(kwargs, facts)
+
+
+_environment_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def spawn_environment(environment: Mapping[str, str]) -> Iterator[None]:
+    """Set ``environment`` while the engine spawns its processes (they inherit it), then put
+    the caller's environment back; engines starting at once take turns while it is set."""
+    if not environment:
+        yield
+        return
+    with _environment_lock:
+        saved = {name: os.environ.get(name) for name in environment}
+        os.environ.update(environment)
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+@contextlib.contextmanager
+def remote_peer_deadline(options: Mapping[str, Any]) -> Iterator[None]:
+    """Bound the wait for data-parallel engine cores on other nodes.
+
+    A head engine (``data_parallel_size_local`` < ``data_parallel_size``) starts only once every
+    headless engine core has connected to ``data_parallel_address``, and vLLM waits for them
+    without a deadline. After ``VLLM_ENGINE_READY_TIMEOUT_S`` (vLLM's own start deadline for
+    engine cores, 600 s by default) the processes this start spawned are killed, which ends
+    vLLM's wait, and the start fails with :class:`ParallelLayoutError`.
+    """
+    size = int(options.get("data_parallel_size") or 1)
+    local = options.get("data_parallel_size_local")
+    if local is None or int(local) >= size:
+        yield
+        return
+    timeout = float(envs.VLLM_ENGINE_READY_TIMEOUT_S)
+    before = set(multiprocessing.active_children())
+    expired = threading.Event()
+
+    def give_up() -> None:
+        expired.set()
+        for process in set(multiprocessing.active_children()) - before:
+            process.kill()
+
+    timer = threading.Timer(timeout, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    except Exception as e:
+        if not expired.is_set():
+            raise
+        address = f"{options.get('data_parallel_address')}:{options.get('data_parallel_rpc_port')}"
+        raise ParallelLayoutError(
+            f"data_parallel_size={size} with data_parallel_size_local={local}: the "
+            f"{size - int(local)} engine core(s) on other nodes did not connect to "
+            f"data_parallel_address={options.get('data_parallel_address')!r} "
+            f"(data_parallel_rpc_port={options.get('data_parallel_rpc_port')}) within "
+            f"{timeout:g} s. Start them with `vllm serve <model> --headless "
+            f"--data-parallel-size {size} --data-parallel-start-rank {local} "
+            f"--data-parallel-address ... --data-parallel-rpc-port ...` and the same engine "
+            "options, check that the address is reachable from them, or raise "
+            "VLLM_ENGINE_READY_TIMEOUT_S.",
+            option="data_parallel_address",
+            value=address,
+        ) from e
+    finally:
+        timer.cancel()

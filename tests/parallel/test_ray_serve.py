@@ -1,0 +1,221 @@
+"""``examples/ray_serve_app.py`` on a local Ray instance: one replica of the chain on the CPU.
+
+The module starts Ray on 127.0.0.1 (2 CPUs, a 200 MB object store, no dashboard), deploys one
+replica (one engine, the kit's CPU engine options) and talks to it over HTTP through Ray Serve's
+proxy: a scripted answer streamed as Server-Sent Events, a stream the client drops mid-way
+(the replica's engine then has 0 unfinished requests), and a shutdown of Serve and Ray that
+leaves none of the processes it started (raylet, GCS, workers, the replica's engine core).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+import pytest
+import ray
+from ray import serve
+
+from vllm_inline.testing import CPU_TEST_ENGINE_KWARGS
+
+pytestmark = [pytest.mark.parallel, pytest.mark.engine]
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ray_serve_app.py"
+
+
+def load_example() -> ModuleType:
+    """Import ``examples/ray_serve_app.py``; Ray ships its classes to the replica by value (the
+    replica's process cannot import ``examples/``, which is not a package)."""
+    spec = importlib.util.spec_from_file_location("example_ray_serve_app", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    ray.cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Live descendants of ``pid`` (from /proc): pid -> command line."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found: dict[int, str] = {}
+    todo = list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        cmdline = alive_cmdline(child)
+        if cmdline is not None:
+            found[child] = cmdline
+        todo.extend(children.get(child, []))
+    return found
+
+
+def alive_cmdline(pid: int) -> str | None:
+    """The command line of ``pid``, or None if it has exited (zombies count as exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+            return None
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip() or stat.split()[1]
+
+
+def events(lines: list[str]) -> list[tuple[str, str]]:
+    """SSE lines -> ``(event, data)`` pairs (one space after ``data:`` is dropped)."""
+    found, event, data = [], "message", []
+    for line in lines:
+        if not line:
+            if data:
+                found.append((event, "\n".join(data)))
+            event, data = "message", []
+        elif line.startswith("event:"):
+            event = line[len("event:") :].strip()
+        elif line.startswith("data:"):
+            value = line[len("data:") :]
+            data.append(value.removeprefix(" "))
+    return found
+
+
+class Cluster:
+    """Ray and Serve as this module started them, and the processes they run."""
+
+    def __init__(self, url: str, before: dict[int, str]) -> None:
+        self.url = url
+        """The Serve proxy's address, ``http://127.0.0.1:<port>``."""
+        self.before = before
+        """Processes below this one before Ray started (other modules' engines): not Ray's."""
+        self.processes: dict[int, str] = {}
+        """The processes below this one that Ray started (recorded before shutdown)."""
+        self.down = False
+
+    def shutdown(self) -> None:
+        if self.down:
+            return
+        self.down = True
+        now = descendants(os.getpid())
+        self.processes = {pid: cmd for pid, cmd in now.items() if pid not in self.before}
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cluster(scripted: Any) -> Iterator[Cluster]:
+    example = load_example()
+    path = scripted("demo").path
+    port = free_port()
+    before = descendants(os.getpid())
+    ray.init(
+        address="local",
+        num_cpus=2,
+        object_store_memory=200 * 2**20,
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+    )
+    cluster = Cluster(f"http://127.0.0.1:{port}", before)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        app = example.build_app(
+            path,
+            num_replicas=1,
+            num_cpus=1,
+            chat_options={"vllm_kwargs": dict(CPU_TEST_ENGINE_KWARGS)},
+        )
+        serve.run(app, name="chain", route_prefix="/")
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+def stats(cluster: Cluster) -> dict[str, Any]:
+    response = httpx.get(f"{cluster.url}/stats", timeout=30)
+    response.raise_for_status()
+    return response.json()
+
+
+def test_streams_the_scripted_answer_over_http(cluster: Cluster, scripted: Any) -> None:
+    answer = scripted("demo").scenario.answer
+    with httpx.stream(
+        "GET", f"{cluster.url}/chat", params={"q": "What does vllm-inline do?"}, timeout=60
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = list(response.iter_lines())
+    found = events(lines)
+    texts = [data for event, data in found if event == "message"]
+    assert len(texts) > 1
+    assert "".join(texts) == answer
+    usage = json.loads(next(data for event, data in found if event == "usage"))
+    assert usage["finish_reason"] == "stop"
+    assert usage["output_tokens"] == len(texts) + 1  # each word, then <|eot_id|>
+    assert found[-1] == ("done", "[DONE]")
+    after = stats(cluster)
+    assert after["num_unfinished_requests"] == 0
+    assert after["requests_finished"] >= 1
+
+
+def test_a_dropped_stream_leaves_no_request_in_the_engine(cluster: Cluster, scripted: Any) -> None:
+    answer = scripted("demo").scenario.answer
+    before = stats(cluster)
+    received = ""
+    with httpx.stream("GET", f"{cluster.url}/chat", params={"q": "Hello"}, timeout=60) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                received += line[len("data: ") :]
+                break  # leaving the block closes the connection mid-stream
+    assert received and answer.startswith(received) and received != answer
+    deadline = time.monotonic() + 30
+    while (now := stats(cluster))["num_unfinished_requests"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert now["num_unfinished_requests"] == 0
+    # vLLM aborted it: the request did not run to the end of its answer (one token per word,
+    # then <|eot_id|>), so the cancellation reached the engine through Serve's proxy.
+    generated = now["generation_tokens"] - before["generation_tokens"]
+    assert 1 <= generated < len(answer.split(" ")) + 1, generated
+    # and the replica answers the next request in full
+    with httpx.stream("GET", f"{cluster.url}/chat", params={"q": "Again"}, timeout=60) as r:
+        texts = [d for e, d in events(list(r.iter_lines())) if e == "message"]
+    assert "".join(texts) == answer
+
+
+def test_shutdown_leaves_no_process_behind(cluster: Cluster) -> None:
+    cluster.shutdown()
+    started = cluster.processes
+    names = " ".join(started.values())
+    # what ran while the replica served: Ray's own processes and the replica's engine core
+    assert "raylet" in names and "gcs_server" in names and "ServeReplica" in names, started
+    assert "EngineCore" in names, started
+    deadline = time.monotonic() + 60
+    while (left := {p: c for p in started if (c := alive_cmdline(p))}) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.5)
+    assert not left, f"processes left behind: {left}"
