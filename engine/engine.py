@@ -174,8 +174,8 @@ class Engine:
         ``tool_parser``, ``reasoning_parser``, ``structured_outputs``, ``lora`` (a LoRA adapter
         directory, ``(name, path)`` or a name seen before: see :mod:`.lora`), ``priority`` (an int,
         lower first; needs ``scheduling_policy="priority"``), ``timeout`` (seconds, then the
-        request is aborted with :class:`RequestTimeoutError`) and any vLLM sampling value
-        (``max_tokens``, ``temperature``, ``stop``, ``seed``, ``n``, ``logprobs``, ...).
+        request is aborted with :class:`RequestTimeoutError`), ``stream=False`` (the whole answer
+        as one delta: ``Request.stream``), any vLLM sampling value (``max_tokens``, ``stop``, ...).
         Bad arguments raise here, before anything starts; iterate the result from any event
         loop (it never blocks it). The engine starts on the first iteration.
         """

@@ -6,9 +6,16 @@
 1. render the prompt (:mod:`.render`);
 2. final sampling values (:func:`.sampling.final_sampling`: defaults, the model's
    generation_config, the call's, the stop policy) and the output parsers (:mod:`.parsing`);
-3. the LoRA request (:mod:`.lora`), then vLLM's ``AsyncLLM.generate`` in DELTA mode;
+3. the LoRA request (:mod:`.lora`), then vLLM's ``AsyncLLM.generate`` in DELTA mode, or in
+   FINAL_ONLY mode for a request with ``stream=False`` (:attr:`.request.Request.stream`);
 4. each output's new text and token ids go through the choice's parser, and a :class:`Delta`
    is built here, in :func:`generate`'s loop.
+
+A ``stream=False`` request goes the same way with one output per request: each choice's whole
+answer is parsed as vLLM's server parses a non-streamed one (:meth:`.parsing.OutputParser.parse`)
+and becomes one :class:`Delta` with the finish reason, usage and metrics, built by the same
+code as the last delta of a stream. Stop strings and stop tokens are applied by vLLM's output
+processor in both modes (it detokenizes every step either way); nothing here looks for them.
 
 :meth:`Engine.astream <vllm_inline.engine.Engine.astream>` and ``stream`` hand its deltas to the
 caller through :mod:`.bridge`; closing the stream closes this generator, which aborts the request.
@@ -65,7 +72,7 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
         if not make_parser.skip_special_tokens:
             values.setdefault("skip_special_tokens", False)
         structured = request.structured_outputs or make_parser.structured_outputs
-        params = _vllm.make_sampling_params(values, structured)
+        params = _vllm.make_sampling_params(values, structured, stream=request.stream)
         lora = await lora_request(runtime, request.lora)
         parsers: dict[int, OutputParser] = {}
         completion_tokens = 0
@@ -82,7 +89,11 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
                 if parser is None:
                     parser = parsers[c.index] = make_parser(prompt_ids)
                 finish = c.finish_reason
-                text, reasoning, tool_calls = parser.feed(c.text, c.token_ids, finish is not None)
+                if request.stream:
+                    parsed = parser.feed(c.text, c.token_ids, finish is not None)
+                else:  # FINAL_ONLY: the whole answer of a finished choice
+                    parsed = parser.parse(c.text, c.token_ids)
+                text, reasoning, tool_calls = parsed
                 if finish == "stop" and parser.called_tools:
                     finish = "tool_calls"
                 usage = metrics = None

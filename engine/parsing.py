@@ -36,6 +36,10 @@ class OutputParser:
         """Split one delta into ``(text, reasoning, tool_call_fragments)``."""
         return text, "", ()
 
+    def parse(self, text: str, token_ids: Sequence[int]) -> _Parsed:
+        """Split a whole answer (a final-only request) as :meth:`feed` splits its deltas."""
+        return text, "", ()
+
 
 class _VLLMOutputParser(OutputParser):
     """One vLLM ``Parser`` per choice, driven by ``parse_delta``."""
@@ -65,6 +69,27 @@ class _VLLMOutputParser(OutputParser):
         if calls:
             self.called_tools = True
         return message.content or "", message.reasoning or "", calls
+
+    def parse(self, text: str, token_ids: Sequence[int]) -> _Parsed:
+        # As vLLM's server answers a request without stream: ``Parser.parse`` on the whole
+        # output (feeding it to ``parse_delta`` as one delta is not what its streaming tool
+        # parsers are written for), after the prompt, for parsers that need its state.
+        from vllm.renderers.chat_utils import make_tool_call_id
+
+        if self._prompt_token_ids is not None:
+            self._parser.set_prompt_token_ids(self._prompt_token_ids)
+        reasoning, content, functions = self._parser.parse(
+            text, self._request, enable_auto_tools=True, model_output_token_ids=list(token_ids)
+        )
+        calls = tuple(
+            ToolCallDelta(
+                index=i, id=f.id or make_tool_call_id(), name=f.name, arguments=f.arguments or ""
+            )
+            for i, f in enumerate(functions or ())
+        )
+        if calls:
+            self.called_tools = True
+        return content or "", (reasoning or "") if self._request.include_reasoning else "", calls
 
 
 class ParserFactory:

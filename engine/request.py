@@ -56,6 +56,11 @@ class Request:
     """Seconds the request may run before it is aborted (``None``: no deadline)."""
     images: tuple[ImageRef, ...] = ()
     """The images in :attr:`messages`, in order (checked against the engine in :mod:`.render`)."""
+    stream: bool = True
+    """``True``: one delta per engine step (vLLM's DELTA outputs). ``False``: one delta per
+    choice, the whole answer once it is finished (vLLM's FINAL_ONLY outputs), for callers
+    that only want the final message: no per-token work in vLLM's output handler, here or in
+    the integrations. The final message is the same either way (see :mod:`.generate`)."""
 
 
 def build_request(
@@ -109,6 +114,11 @@ def build_request(
         or timeout <= 0
     ):
         raise BadRequestError.invalid("timeout", timeout, "a positive number of seconds, or None")
+    stream = options.pop("stream", True)
+    if not isinstance(stream, bool):
+        raise BadRequestError.invalid(
+            "stream", stream, "True (a delta per step) or False (the final answer only)"
+        )
     sampling = check_sampling(options, max_model_len=max_model_len)
     images: list[ImageRef] = []
     return Request(
@@ -126,6 +136,7 @@ def build_request(
         priority=int(priority),
         timeout=float(timeout) if timeout is not None else None,
         images=tuple(images),
+        stream=stream,
     )
 
 

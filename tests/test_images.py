@@ -113,6 +113,12 @@ def test_two_images_give_different_answers_each_equal_to_transformers(vision: Vi
         assert _ids(deltas) == vision.reference[color], color
         # The prompt counts the image tokens the processor expanded, as transformers does.
         assert deltas[-1].usage.prompt_tokens == vision.prompt_tokens[color]
+        # A final-only request (one delta, vLLM's FINAL_ONLY output) gives the same greedy ids.
+        (final,) = vision.engine.stream(
+            _chat(_url_part(_data_url(_png(color)))), max_tokens=MAX_TOKENS, temperature=0,
+            stream=False,
+        )
+        assert list(final.token_ids) == vision.reference[color], color
 
 
 def test_image_streamed_through_the_engine_async(vision: Vision) -> None:

@@ -2,7 +2,8 @@
 
 Streaming is the one path: :meth:`ChatVLLM._astream` turns each engine delta into one
 ``AIMessageChunk`` as it arrives, :meth:`ChatVLLM._stream` does the same through the engine's
-synchronous bridge, and ``_generate``/``_agenerate`` aggregate those streams.
+synchronous bridge, and ``_generate``/``_agenerate`` aggregate those streams (a final-only
+one, the whole answer as one delta, when no callback wants tokens: :mod:`.token_callbacks`).
 
 >>> from vllm_inline.integrations.langchain import ChatVLLM
 >>> chat = ChatVLLM(model="Qwen/Qwen3-0.6B", reasoning_parser="qwen3", max_tokens=256)
@@ -40,6 +41,7 @@ from vllm_inline.engine.sampling import check_sampling
 
 from .batching import BatchAtOnce
 from .convert import convert_message_to_dict, delta_to_generation_chunk
+from .token_callbacks import wants_tokens
 
 __all__ = ["ChatVLLM"]
 
@@ -160,8 +162,10 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
     ``ignore_eos``, ...). Default ``{}``."""
 
     streaming: bool = False
-    """Accepted for compatibility: ``ChatVLLM`` always generates through its stream and fires
-    ``on_llm_new_token`` for every chunk. Default ``False``."""
+    """``True``: ``invoke`` streams (LangChain calls ``_stream`` and fires ``on_llm_new_token``
+    per chunk). ``False``: ``invoke``/``batch`` still stream when a callback implements
+    ``on_llm_new_token``, else ask the engine for the final answer only (same message, no
+    per-token work; see :mod:`.token_callbacks`). Default ``False``."""
 
     @model_validator(mode="after")
     def _check_fields(self) -> Self:
@@ -295,7 +299,8 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None,
         kwargs: dict[str, Any],
     ) -> Iterator[_Indexed]:
-        """The sync stream: ``(choice index, chunk)`` per engine delta, callback fired."""
+        """The sync stream: ``(choice index, chunk)`` per engine delta, callback fired (the
+        engine's ``stream=False``, when in ``kwargs``: one delta per choice)."""
         engine, model, wire, request = self._prepare(messages, stop, kwargs)
         for delta in engine.stream(wire, **request):
             chunk = delta_to_generation_chunk(delta, model)
@@ -310,7 +315,7 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None,
         kwargs: dict[str, Any],
     ) -> AsyncIterator[_Indexed]:
-        """The async stream: ``(choice index, chunk)`` per engine delta, callback fired."""
+        """The async form of :meth:`_chunks`."""
         engine, model, wire, request = self._prepare(messages, stop, kwargs)
         async for delta in engine.astream(wire, **request):
             chunk = delta_to_generation_chunk(delta, model)
@@ -345,6 +350,7 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
+        kwargs.setdefault("stream", wants_tokens(run_manager))
         return self._aggregate(self._chunks(messages, stop, run_manager, kwargs))
 
     async def _agenerate(
@@ -354,6 +360,7 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
+        kwargs.setdefault("stream", wants_tokens(run_manager))
         chunks = [c async for c in self._achunks(messages, stop, run_manager, kwargs)]
         return self._aggregate(chunks)
 

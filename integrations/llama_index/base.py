@@ -2,7 +2,8 @@
 
 One streaming path per side: :meth:`VLLM.stream_chat` iterates :meth:`Engine.stream` and
 :meth:`VLLM.astream_chat` iterates :meth:`Engine.astream`; every other method (non-streaming
-chat, completions, tools, structured outputs) is built on those two.
+chat, completions, tools, structured outputs) is built on those two, the non-streaming ones
+with the engine's ``stream=False`` (the final answer as one delta: no per-token work).
 """
 
 from __future__ import annotations
@@ -227,6 +228,7 @@ class VLLM(FunctionCallingLLM):
         kwargs: dict[str, Any],
         messages: Sequence[ChatMessage] | None = None,
         prompt: str | None = None,
+        stream: bool = True,
     ) -> dict[str, Any]:
         """Engine arguments for one call: fields under call kwargs (the engine checks them when
         :meth:`_stream` or :meth:`_astream` hands them over, before anything starts)."""
@@ -257,6 +259,7 @@ class VLLM(FunctionCallingLLM):
         )
         if "lora" in options and options["lora"] is None:
             request.pop("lora", None)  # a call's lora=None: the base model, whatever the field
+        request["stream"] = stream
         if prompt is not None:
             request["prompt"] = prompt
         else:
@@ -272,18 +275,21 @@ class VLLM(FunctionCallingLLM):
         """The one async path: the engine's deltas as cumulative responses."""
         return ResponseBuilder().aresponses(self.engine.astream(**request))
 
-    def _chat_request(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _chat_request(
+        self, prompt: str, formatted: bool, kwargs: dict[str, Any], stream: bool = True
+    ) -> dict[str, Any]:
         """A completion as a request: through the chat template, or as is (``formatted``)."""
         if formatted:
-            return self._request(kwargs, prompt=prompt)
-        return self._request(kwargs, messages=[ChatMessage(role=MessageRole.USER, content=prompt)])
+            return self._request(kwargs, prompt=prompt, stream=stream)
+        message = ChatMessage(role=MessageRole.USER, content=prompt)
+        return self._request(kwargs, messages=[message], stream=stream)
 
     # -- chat ------------------------------------------------------------------------------
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Chat; the aggregate of :meth:`stream_chat`."""
-        return aggregate(self._stream(self._request(kwargs, messages)))
+        return aggregate(self._stream(self._request(kwargs, messages, stream=False)))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
@@ -293,7 +299,7 @@ class VLLM(FunctionCallingLLM):
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         """Async chat; the aggregate of :meth:`astream_chat`."""
-        return await aaggregate(self._astream(self._request(kwargs, messages)))
+        return await aaggregate(self._astream(self._request(kwargs, messages, stream=False)))
 
     @llm_chat_callback()
     async def astream_chat(
@@ -307,7 +313,8 @@ class VLLM(FunctionCallingLLM):
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Complete ``prompt`` as a user turn (chat template), or as is with ``formatted=True``."""
-        return to_completion_response(aggregate(self._stream(self._chat_request(prompt, formatted, kwargs))))
+        request = self._chat_request(prompt, formatted, kwargs, stream=False)
+        return to_completion_response(aggregate(self._stream(request)))
 
     @llm_completion_callback()
     def stream_complete(
@@ -322,7 +329,7 @@ class VLLM(FunctionCallingLLM):
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponse:
         """Async :meth:`complete`."""
-        request = self._chat_request(prompt, formatted, kwargs)
+        request = self._chat_request(prompt, formatted, kwargs, stream=False)
         return to_completion_response(await aaggregate(self._astream(request)))
 
     @llm_completion_callback()
