@@ -103,14 +103,13 @@ def decide_engine_kwargs(model: str, kwargs: Mapping[str, Any]) -> PlatformDefau
 
         logging.getLogger("vllm_inline").debug("model facts unavailable: %r", e)
         model_facts = {}
-    from vllm import envs
     from vllm.utils.cpu_resource_utils import get_visible_memory_node
 
     facts = MachineFacts(
         is_cpu=True,
         allowed_cpus=tuple(sorted(os.sched_getaffinity(0))),
         memory_nodes=len(get_visible_memory_node()),
-        threads_bind=os.environ.get("VLLM_CPU_OMP_THREADS_BIND") and envs.VLLM_CPU_OMP_THREADS_BIND,
+        threads_bind=os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
         free_memory_bytes=int(node.available_memory),
         total_memory_bytes=int(node.total_memory),
         cpu_flags=_cpu_flags(),
