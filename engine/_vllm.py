@@ -104,6 +104,10 @@ def start_engine(
     args = AsyncEngineArgs(model=model, **options)
     with spawn_environment(environment or {}), remote_peer_deadline(options):
         llm = AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers(stats))
+    if str(llm.model_config.runner_type) == "pooling":
+        # Its first embedding or score call would otherwise import vLLM's pooling entry points
+        # (pydantic schemas: ~1 s) on the engine loop, and leave them to the collector (below).
+        from . import _vllm_pooling  # noqa: F401
     # As vLLM's own server does once it is up: move the start-up heap (torch, transformers,
     # vLLM: ~700k objects) out of the collector's sight. Unfrozen, every full collection walked
     # it, a 0.5-0.7 s pause in the middle of the streams (LangChain and LlamaIndex allocate

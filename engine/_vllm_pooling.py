@@ -33,7 +33,6 @@ __all__ = [
     "num_labels",
     "render_pair",
     "render_texts",
-    "runner_type",
     "score_one",
     "score_type",
     "supported_tasks",
@@ -44,11 +43,6 @@ __all__ = [
 _cross_encoders: weakref.WeakKeyDictionary[Any, CrossEncoderIOProcessor] = (
     weakref.WeakKeyDictionary()
 )
-
-
-def runner_type(llm: AsyncLLM) -> str:
-    """``"generate"`` or ``"pooling"``: the runner the engine was started with."""
-    return str(llm.model_config.runner_type)
 
 
 async def supported_tasks(llm: AsyncLLM) -> tuple[str, ...]:

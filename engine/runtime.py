@@ -162,9 +162,9 @@ def _uncancel(task: asyncio.Task[Any]) -> int:
 
 def require_runner(model: str, llm: Any, wanted: str) -> None:
     """Raise :class:`UnsupportedTaskError` unless the engine runs vLLM's ``wanted`` runner."""
-    from . import _vllm_pooling
-
-    have = _vllm_pooling.runner_type(llm)
+    # Read here, not through ._vllm_pooling: importing vLLM's pooling entry points builds
+    # pydantic schemas for ~1 s, which a generation engine's first request would wait for.
+    have = str(llm.model_config.runner_type)
     if have == wanted:
         return
     if wanted == "pooling":

@@ -288,3 +288,22 @@ def test_a_consumer_that_falls_behind_gets_the_missed_deltas_joined(scripted) ->
     assert sum(len(d.token_ids) for d in late) == sum(len(d.token_ids) for d in steady) == 200
     assert len(late) < len(steady), "the deltas that piled up arrive as fewer, larger ones"
     assert late[-1].usage == steady[-1].usage or late[-1].usage.completion_tokens == 200
+
+
+def test_a_consumer_that_falls_behind_still_gets_the_deadline(scripted) -> None:
+    """While a consumer lags, its request waits for it on the engine loop; a deadline that
+    passes then still ends the stream with RequestTimeoutError and aborts the request."""
+    from vllm_inline.engine import RequestTimeoutError
+
+    engine = scripted("long").engine
+    late = []
+    with pytest.raises(RequestTimeoutError):
+        for delta in engine.stream(USER, ignore_eos=True, max_tokens=200, timeout=1.0):
+            late.append(delta)
+            if len(late) == 1:
+                time.sleep(2.0)
+    assert sum(len(d.token_ids) for d in late) < 200
+    deadline = time.monotonic() + 10
+    while engine.num_unfinished_requests() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.num_unfinished_requests() == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -99,6 +100,38 @@ async def test_reasoning_never_lands_in_the_text(scripted, mode):
     assert "<think>" not in text and "</think>" not in text
     assert sum(1 for d in deltas if d.reasoning) > 1  # reasoning streams too
     assert deltas[-1].finish_reason == "stop"
+
+
+def _lagging(stream) -> list:
+    """Take the first delta, then wait: the engine keeps going and vLLM merges its outputs
+    until this consumer asks again (the bridge holds the request back meanwhile)."""
+    deltas = []
+    for delta in stream:
+        deltas.append(delta)
+        if len(deltas) == 1:
+            time.sleep(1.0)
+    return deltas
+
+
+def test_a_lagging_consumer_gets_the_same_tool_call_and_reasoning(scripted):
+    """Merged outputs (several tokens per delta) go through the same parsers."""
+    s = scripted("chatml_tools")
+    steady = list(s.engine.stream(USER, tools=[WEATHER]))
+    late = _lagging(s.engine.stream(USER, tools=[WEATHER]))
+    assert [{**c, "id": None} for c in _calls(late)] == [
+        {**c, "id": None} for c in _calls(steady)
+    ]
+    assert late[-1].finish_reason == steady[-1].finish_reason == "tool_calls"
+    u, v = late[-1].usage, steady[-1].usage  # (the second one finds the prompt in the cache)
+    assert (u.prompt_tokens, u.completion_tokens) == (v.prompt_tokens, v.completion_tokens)
+
+    r = scripted("chatml_reasoning")
+    kwargs = {"reasoning_parser": r.scenario.reasoning_parser}
+    steady = list(r.engine.stream(USER, **kwargs))
+    late = _lagging(r.engine.stream(USER, **kwargs))
+    assert len(late) < len(steady)
+    assert "".join(d.reasoning for d in late).strip() == r.scenario.reasoning
+    assert "".join(d.text for d in late).strip() == r.scenario.content
 
 
 def test_reasoning_off_by_template_kwargs(scripted):
