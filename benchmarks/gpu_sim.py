@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import sys
@@ -296,17 +297,14 @@ def _stand_in_alone(runtime: Any, sim: SimulatedLLM, streams: int, tokens: int, 
     runtime.loop.submit(all_streams()).result()
 
 
-def measure(
-    name: str,
+def _run(
     consume: Callable[..., Any] | None,
     runtime: Any,
     sim: SimulatedLLM,
     streams: int,
     tokens: int,
-) -> dict[str, Any]:
-    sim.emitted.clear()
-    lags = Lags(sim.emitted)
-    cpu0, t0 = time.process_time(), time.perf_counter()
+    lags: Lags,
+) -> None:
     if consume is None:
         _stand_in_alone(runtime, sim, streams, tokens, lags)
     elif asyncio.iscoroutinefunction(consume):
@@ -321,6 +319,55 @@ def measure(
             t.start()
         for t in threads:
             t.join()
+
+
+class GcPauses:
+    """The garbage collector's pauses while it is installed (``gc.callbacks``): every thread
+    of the process waits for a collection, so each one is lag for every stream."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[float, int, float]] = []
+        """``(end perf_counter, generation, seconds)`` per collection."""
+        self._start = 0.0
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            self._start = now
+        else:
+            self.pauses.append((now, info["generation"], now - self._start))
+
+    def within(self, lo: float, hi: float) -> dict[str, float]:
+        full = [d for t, g, d in self.pauses if lo <= t <= hi and g == 2]
+        every = [d for t, g, d in self.pauses if lo <= t <= hi]
+        return {
+            "gc_full_collections": len(full),
+            "gc_full_max_ms": max(full, default=0.0) * 1e3,
+            "gc_total_ms": sum(every) * 1e3,
+        }
+
+
+def measure(
+    name: str,
+    consume: Callable[..., Any] | None,
+    runtime: Any,
+    sim: SimulatedLLM,
+    streams: int,
+    tokens: int,
+) -> dict[str, Any]:
+    sim.emitted.clear()
+    lags = Lags(sim.emitted)
+    gc_pauses = GcPauses()
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    with gc_pauses:
+        _run(consume, runtime, sim, streams, tokens, lags)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     assert lags.tokens == streams * tokens, (name, lags.tokens, streams * tokens)
     steady, (lo, hi) = lags.steady(), lags.window()
@@ -351,6 +398,7 @@ def measure(
         else float("nan"),
         # How late the stand-in's output handler put its outputs (the loop was busy): lag that
         # the consumer lag above does not show, as in vLLM, where the engine core keeps going.
+        **gc_pauses.within(lo, hi),
         "handler_delay_p99_ms": percentile([d for t, d in sim.handler_delay if lo <= t <= hi], 99)
         * 1e3,
     }
@@ -432,7 +480,8 @@ def main() -> None:
                     f"{row['handler_delay_p99_ms']:7.1f} ms  window {row['window_s']:4.1f} s  "
                     f"cpu {row['cpu_us_per_token']:6.1f} us/tok (steady "
                     f"{row['steady_cpu_us_per_token']:5.1f}, {row['steady_cpu_share']:4.0%} of a core)  "
-                    f"merged {row['collector_merged_share']:4.0%}"
+                    f"merged {row['collector_merged_share']:4.0%}  gc: {row['gc_full_collections']} "
+                    f"full (max {row['gc_full_max_ms']:.0f} ms), {row['gc_total_ms']:.0f} ms in all"
                     f"{'' if row['sustained'] else '  NOT sustained'}",
                     flush=True,
                 )
