@@ -20,6 +20,11 @@ engines started with the same options (``run.ENGINE_OPTIONS``):
 - LlamaIndex ``QuestionsAnsweredExtractor`` over N nodes, with its default ``num_workers=4``
   and with ``num_workers=N`` (its own prompt, so compared with the other extractor run only).
 
+Each vllm-inline path runs twice (``--stats both``, the default): on the default engine, which
+records vLLM's stats for ``Engine.stats()`` and Prometheus, and, named ``... [stats off]``, on
+an engine started with ``disable_log_stats=True``, which records none, as ``vllm.LLM`` (whose
+default that is). ``--stats on`` or ``--stats off`` runs one of them.
+
 tok/s = generated tokens / wall time of the whole call. Prints one ratio line per path and
 size against the target (>= 0.95x ``vllm.LLM.chat``); writes ``results/bulk.json``. Each line
 also gives the client CPU per input (``time.process_time`` of the calling process, lowest over
