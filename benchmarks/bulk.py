@@ -20,6 +20,11 @@ engines started with the same options (``run.ENGINE_OPTIONS``):
 - LlamaIndex ``QuestionsAnsweredExtractor`` over N nodes, with its default ``num_workers=4``
   and with ``num_workers=N`` (its own prompt, so compared with the other extractor run only).
 
+Each vllm-inline path runs twice (``--stats both``, the default): on the default engine, which
+records vLLM's stats for ``Engine.stats()`` and Prometheus, and, named ``... [stats off]``, on
+an engine started with ``disable_log_stats=True``, which records none, as ``vllm.LLM`` (whose
+default that is). ``--stats on`` or ``--stats off`` runs one of them.
+
 tok/s = generated tokens / wall time of the whole call. Prints one ratio line per path and
 size against the target (>= 0.95x ``vllm.LLM.chat``); writes ``results/bulk.json``. Each line
 also gives the client CPU per input (``time.process_time`` of the calling process, lowest over
@@ -52,6 +57,9 @@ from run import ENGINE_OPTIONS
 
 TARGET = 0.95
 """Each bulk path's tok/s against ``vllm.LLM.chat`` on the same list."""
+
+STATS_OFF = " [stats off]"
+"""Suffix of the paths measured on an engine started with ``disable_log_stats=True``."""
 
 
 def log(msg: str) -> None:
@@ -114,7 +122,7 @@ def _lc_tokens(messages: list[Any]) -> int:
     return sum(m.usage_metadata["output_tokens"] for m in messages)
 
 
-def inline_paths(model: str, tokens: int) -> dict[str, Callable[[int], int]]:
+def inline_paths(model: str, tokens: int, options: dict[str, Any]) -> dict[str, Callable[[int], int]]:
     """Name -> ``run(n)`` returning the tokens generated for the first ``n`` prompts."""
     from langchain_core.runnables import Runnable
     from llama_index.core.base.llms.types import ChatMessage
@@ -122,8 +130,8 @@ def inline_paths(model: str, tokens: int) -> dict[str, Callable[[int], int]]:
     from vllm_inline.integrations.llama_index import VLLM
 
     kw = sampling(tokens)
-    chat = ChatVLLM(model=model, vllm_kwargs=ENGINE_OPTIONS)
-    li = VLLM(model=model, vllm_kwargs=ENGINE_OPTIONS)
+    chat = ChatVLLM(model=model, vllm_kwargs=options)
+    li = VLLM(model=model, vllm_kwargs=options)
     texts = prompts(1024 * 4)
 
     def lc_batch(n: int) -> int:
@@ -151,14 +159,14 @@ def inline_paths(model: str, tokens: int) -> dict[str, Callable[[int], int]]:
     }
 
 
-def extractor_paths(model: str, tokens: int) -> dict[str, Callable[[int], int]]:
+def extractor_paths(model: str, tokens: int, options: dict[str, Any]) -> dict[str, Callable[[int], int]]:
     """``QuestionsAnsweredExtractor.extract`` over n nodes, default workers and all at once."""
     from llama_index.core.extractors import QuestionsAnsweredExtractor
     from llama_index.core.schema import TextNode
     from vllm_inline.integrations.llama_index import VLLM
 
     kw = sampling(tokens)
-    llm = VLLM(model=model, vllm_kwargs=ENGINE_OPTIONS, max_tokens=kw.pop("max_tokens"),
+    llm = VLLM(model=model, vllm_kwargs=options, max_tokens=kw.pop("max_tokens"),
                temperature=kw.pop("temperature"), repetition_penalty=kw.pop("repetition_penalty"),
                additional_kwargs=kw)
     nodes = [TextNode(text=p) for p in prompts(1024 * 4)]
@@ -178,16 +186,20 @@ def extractor_paths(model: str, tokens: int) -> dict[str, Callable[[int], int]]:
 
 
 def measure_inline(
-    model: str, sizes: list[int], tokens: int, repeats: int, skip: list[str]
+    model: str, sizes: list[int], tokens: int, repeats: int, skip: list[str], stats_off: bool
 ) -> tuple[dict[tuple[str, int], float], dict[tuple[str, int], float]]:
     """Best tok/s and least client CPU ms per input of each path and size over ``repeats``
-    rounds (paths rotate each round)."""
+    rounds (paths rotate each round). ``stats_off``: on an engine started with
+    ``disable_log_stats=True`` (no vLLM stats; ``vllm.LLM``'s default), the path names ending
+    in ``STATS_OFF``."""
     from vllm_inline.engine import get_engine
 
-    log("vllm-inline: starting the engine")
-    engine = get_engine(model, **ENGINE_OPTIONS).start()
-    paths = {**inline_paths(model, tokens), **extractor_paths(model, tokens)}
-    paths = {k: v for k, v in paths.items() if not any(s in k for s in skip)}
+    options = {**ENGINE_OPTIONS, "disable_log_stats": True} if stats_off else ENGINE_OPTIONS
+    suffix = STATS_OFF if stats_off else ""
+    log(f"vllm-inline: starting the engine{suffix}")
+    engine = get_engine(model, **options).start()
+    paths = {**inline_paths(model, tokens, options), **extractor_paths(model, tokens, options)}
+    paths = {k + suffix: v for k, v in paths.items() if not any(s in k for s in skip)}
     for name, run in paths.items():
         run(16)  # warm-up: kernels, prefix cache, lazy imports
     best: dict[tuple[str, int], float] = {}
@@ -224,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=32, help="generated tokens per input")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--skip", default="", help="skip paths whose name contains these (comma-separated)")
+    ap.add_argument("--stats", choices=["on", "off", "both"], default="both",
+                    help="vllm-inline engine with vLLM's stats (the default engine), with "
+                    "disable_log_stats=True (as vllm.LLM), or both, one after the other")
     ap.add_argument("--quick", action="store_true", help="sizes 16,128, 16 tokens, 1 repeat")
     ap.add_argument("--out", type=pathlib.Path, default=HERE / "results")
     ap.add_argument("--reference-child", metavar="MODEL", help=argparse.SUPPRESS)
@@ -239,8 +254,13 @@ def main(argv: list[str] | None = None) -> int:
     model = str(build_model(SPECS[args.model]))
     log(f"{args.model}: {model}; sizes {sizes}, {args.tokens} tokens per input")
     before, cpu_before = reference(model, sizes, args.tokens, args.repeats)
-    inline, cpu = measure_inline(model, sizes, args.tokens, args.repeats,
-                                 [s for s in args.skip.split(",") if s])
+    skip = [s for s in args.skip.split(",") if s]
+    inline: dict[tuple[str, int], float] = {}
+    cpu: dict[tuple[str, int], float] = {}
+    for stats_off in {"on": [False], "off": [True], "both": [False, True]}[args.stats]:
+        best, least = measure_inline(model, sizes, args.tokens, args.repeats, skip, stats_off)
+        inline.update(best)
+        cpu.update(least)
     after, cpu_after = reference(model, sizes, args.tokens, args.repeats)
     ref = {n: (before[n] + after[n]) / 2 for n in sizes}
     ref_cpu = {n: min(cpu_before[n], cpu_after[n]) for n in sizes}

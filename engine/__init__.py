@@ -21,6 +21,7 @@ from .errors import (
     ModelLoadError,
     ParallelLayoutError,
     RequestTimeoutError,
+    StatsDisabledError,
     UnsupportedTaskError,
     VLLMInlineError,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "ParallelLayoutError",
     "RequestMetrics",
     "RequestTimeoutError",
+    "StatsDisabledError",
     "StopPolicy",
     "TokenLogprob",
     "ToolCallDelta",

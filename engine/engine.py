@@ -146,7 +146,8 @@ class Engine:
     def stats(self) -> EngineStats:
         """A snapshot of the running engine: requests running and waiting, KV-cache usage,
         prefix-cache hit rate, tokens so far (cheap: no call into vLLM). Raises
-        :class:`EngineUnavailableError` when the engine is not running."""
+        :class:`EngineUnavailableError` when the engine is not running and
+        :class:`StatsDisabledError` when it was started with ``disable_log_stats=True``."""
         runtime = self._runtime
         if runtime is None:
             raise EngineUnavailableError(

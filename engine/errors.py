@@ -21,6 +21,7 @@ __all__ = [
     "ModelLoadError",
     "ParallelLayoutError",
     "RequestTimeoutError",
+    "StatsDisabledError",
     "UnsupportedTaskError",
     "VLLMInlineError",
 ]
@@ -116,6 +117,11 @@ class EngineDeadError(EngineUnavailableError):
 
 class EngineShutdownError(EngineUnavailableError):
     """The engine was shut down while the stream was running."""
+
+
+class StatsDisabledError(VLLMInlineError, RuntimeError):
+    """The engine was started with ``disable_log_stats=True``: vLLM records no stats for it,
+    so ``Engine.stats()`` has none (and the Prometheus registry no series for its model)."""
 
 
 class RequestTimeoutError(VLLMInlineError, TimeoutError):

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import StatsDisabledError
+
 __all__ = [
     "EngineStats",
     "RequestMetrics",
@@ -139,7 +141,10 @@ class StatsBook:
     :meth:`record` after every step, on the engine loop, and :meth:`snapshot` may be called from
     any thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, enabled: bool = True) -> None:
+        self.enabled = enabled
+        """False for an engine started with ``disable_log_stats=True``: vLLM then records no
+        stats (no stat loggers, no per-step ``IterationStats``), so this book stays empty."""
         self._lock = threading.Lock()
         self._cores: dict[int, _CoreFigures] = {}
 
@@ -162,7 +167,14 @@ class StatsBook:
                 core.finished += len(iteration_stats.finished_requests)
 
     def snapshot(self) -> EngineStats:
-        """The figures now: the sums over the engine cores, and each core's own."""
+        """The figures now: the sums over the engine cores, and each core's own.
+        :class:`StatsDisabledError` when the book is not :attr:`enabled`."""
+        if not self.enabled:
+            raise StatsDisabledError(
+                "This engine was started with disable_log_stats=True, so vLLM records no stats "
+                "for it (none here, no Prometheus series, no request metrics): start it without "
+                "that option to have them."
+            )
         with self._lock:
             cores = [self._cores[i] for i in sorted(self._cores)] or [_CoreFigures()]
             total = _CoreFigures(

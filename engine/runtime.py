@@ -192,7 +192,9 @@ def start_runtime(model: str, vllm_kwargs: Mapping[str, Any]) -> Runtime:
     """Start vLLM for ``model`` on a new loop thread and decide template and stop policy."""
     _preflight(model, vllm_kwargs)
     loop = LoopThread(name=f"vllm-inline:{os.path.basename(model.rstrip('/'))}")
-    stats = StatsBook()
+    # An explicit disable_log_stats=True turns vLLM's stats off, as in vLLM itself (our
+    # default of True only silences vLLM's periodic log line; see _vllm.start_engine).
+    stats = StatsBook(enabled=vllm_kwargs.get("disable_log_stats") is not True)
     try:
         llm, defaults = loop.submit(_build(model, vllm_kwargs, stats)).result()
     except BaseException as e:

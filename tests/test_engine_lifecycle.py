@@ -26,7 +26,7 @@ def test_engine_exports_are_pinned():
         "Delta", "Engine", "EngineDeadError", "EngineShutdownError", "EngineStats",
         "EngineUnavailableError", "InsufficientMemoryError", "ModelLoadError", "ParallelLayoutError",
         "RequestMetrics",
-        "RequestTimeoutError", "StopPolicy", "TokenLogprob", "ToolCallDelta",
+        "RequestTimeoutError", "StatsDisabledError", "StopPolicy", "TokenLogprob", "ToolCallDelta",
         "UnsupportedTaskError", "Usage", "VLLMInlineError", "get_engine", "prometheus_registry",
         "shutdown_all",
     ])
