@@ -7,11 +7,8 @@ iterator early (break, ``aclose()``, task cancellation, garbage collection) canc
 which closes the engine-side generator and so aborts the request in vLLM; the iterator returns
 once that is done, so a caller that leaves early leaves no request behind in the engine.
 
-A pump runs at most :data:`WINDOW` items ahead of its consumer (:class:`_Window`). A consumer
-that falls further behind holds its pump back, so the engine-side generator does not ask vLLM
-for the next output: vLLM's output collector merges the DELTA outputs that arrive meanwhile, and
-the whole request path (parsers, deltas, this bridge, the framework's chunk) runs once per
-merged output instead of once per token. A consumer that keeps up never waits for it.
+A pump runs only a few items ahead of its consumer (:mod:`.window`): a consumer that falls
+behind holds its request back on the engine loop, and vLLM merges the outputs meanwhile.
 """
 
 from __future__ import annotations
@@ -25,19 +22,15 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-__all__ = ["WINDOW", "LoopThread", "aiter_on", "iter_on"]
+from .window import Releases, Window
+
+__all__ = ["LoopThread", "aiter_on", "iter_on"]
 
 T = TypeVar("T")
 
 _DONE = object()
 _STOP_WAIT_S = 5.0
 """How long leaving a stream early waits for its request to be aborted on the engine loop."""
-WINDOW = 2
-"""How many items a pump hands over that its consumer has not taken yet before it waits.
-
-Two, so that a consumer that keeps up (takes each step's item before the next step's) never
-holds its pump back, and one that is a step behind gets the two pending items joined by
-``coalesce`` while vLLM merges the next ones."""
 
 
 class _Raised:
@@ -61,8 +54,8 @@ class LoopThread:
         self._handoffs_lock = threading.Lock()
         self.sync_handoff = _Handoff(self.loop, None)
         """The handoff of items from this loop to synchronous consumers (their own threads)."""
-        self.releases = _Releases(self.loop)
-        """Where consumers (any thread) release pumps that wait for them (:class:`_Window`)."""
+        self.releases = Releases(self.loop)
+        """Where consumers (any thread) release pumps that wait for them (:class:`Window`)."""
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -154,92 +147,14 @@ class _Pump:
             then()
 
 
-class _Releases:
-    """Pumps to wake on the engine loop, from consumers on any thread, one thread hop per batch.
-
-    The first release of a batch schedules :meth:`_run` on the engine loop; releases added
-    before it runs go with it (the consumers of one step's items mostly run before the engine
-    thread gets the interpreter back). ``_armed`` is cleared before the batch is taken, so a
-    release added meanwhile either is taken by this run or schedules the next one.
-    """
-
-    __slots__ = ("_armed", "_loop", "_pending")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._pending: collections.deque[_Window] = collections.deque()
-        self._armed = False
-
-    def add(self, window: _Window) -> None:
-        self._pending.append(window)
-        if not self._armed:
-            self._armed = True
-            try:
-                self._loop.call_soon_threadsafe(self._run)
-            except RuntimeError:  # the engine loop is closed: its pumps are gone
-                self._pending.clear()
-
-    def _run(self) -> None:
-        self._armed = False
-        pending = self._pending
-        while pending:
-            pending.popleft().release()
-
-
-class _Window:
-    """How far a pump (engine loop) is ahead of its consumer (any thread).
-
-    ``sent`` is written only by the pump and ``taken`` only by the consumer, so neither needs
-    a lock. The pump says it waits (``waiting``) before it checks ``taken`` once more, and the
-    consumer counts what it took before it looks at ``waiting``: one of them sees the other,
-    so a consumer never leaves its pump waiting. A release that comes when the pump no longer
-    waits is harmless (the pump checks again).
-    """
-
-    __slots__ = ("_releases", "_waiter", "sent", "taken", "waiting")
-
-    def __init__(self, releases: _Releases) -> None:
-        self._releases = releases
-        self._waiter: asyncio.Future[None] | None = None
-        self.sent = 0
-        self.taken = 0
-        self.waiting = False
-
-    async def after_put(self) -> None:
-        """Count an item handed over; wait while the consumer has :data:`WINDOW` not taken."""
-        self.sent += 1
-        while self.sent - self.taken >= WINDOW:
-            self.waiting = True
-            if self.sent - self.taken < WINDOW:
-                break
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        self.waiting = False
-
-    def took(self, n: int) -> None:
-        """The consumer took ``n`` items (any thread)."""
-        self.taken += n
-        if self.waiting:
-            self._releases.add(self)
-
-    def release(self) -> None:
-        """Wake the pump to check again (engine loop)."""
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-
 def _start_pump(
     lt: LoopThread,
     agen_factory: Callable[[], AsyncIterator[T]],
     put: Callable[[Any], None],
-    window: _Window,
+    window: Window,
 ) -> _Pump:
     """Run ``agen_factory()`` on the engine loop, handing each item (then the end) to ``put``,
-    at most :data:`WINDOW` items ahead of the consumer."""
+    at most :data:`.window.WINDOW` items ahead of the consumer."""
 
     async def pump() -> None:
         agen = agen_factory()
@@ -336,7 +251,7 @@ async def aiter_on(
     def put(item: Any) -> None:
         handoff.put(put_nowait, item)
 
-    window = _Window(lt.releases)
+    window = Window(lt.releases)
     pump = _start_pump(lt, agen_factory, put, window)
     ended = False
     try:
@@ -385,7 +300,7 @@ def iter_on(
     def put(item: Any) -> None:
         handoff.put(put_item, item)
 
-    window = _Window(lt.releases)
+    window = Window(lt.releases)
     pump = _start_pump(lt, agen_factory, put, window)
     ended = False
     try:

@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from vllm_inline.engine.bridge import WINDOW, LoopThread, aiter_on, iter_on
+from vllm_inline.engine.bridge import LoopThread, aiter_on, iter_on
+from vllm_inline.engine.window import WINDOW
 
 
 class Counting:
@@ -83,7 +84,7 @@ async def test_many_async_consumers_that_lag_all_finish(lt) -> None:
         async for x in aiter_on(lt, gen.items):
             out.append(x)
             if x % 7 == 0:
-                time.sleep(0.001)  # blocks the caller loop: every pump falls behind
+                time.sleep(0.001)  # noqa: ASYNC251 - blocks the caller loop: every pump lags
         return out
 
     results = await asyncio.wait_for(asyncio.gather(*(consume() for _ in range(64))), 60)
@@ -139,5 +140,5 @@ def test_a_pump_cancelled_while_it_waits_for_its_consumer_tells_it_why(lt) -> No
     got = []
     with pytest.raises(Typed):
         for x in it:
-            got.append(x)
+            got.append(x)  # noqa: PERF402 - the items before the error
     assert got == list(range(1, 1 + WINDOW))  # what the pump had handed over, then the error

@@ -120,9 +120,7 @@ def test_a_lagging_consumer_gets_the_same_tool_call_and_reasoning(scripted):
     s = scripted("chatml_tools")
     steady = list(s.engine.stream(USER, tools=[WEATHER]))
     late = _lagging(s.engine.stream(USER, tools=[WEATHER]))
-    assert [{**c, "id": None} for c in _calls(late)] == [
-        {**c, "id": None} for c in _calls(steady)
-    ]
+    assert [{**c, "id": None} for c in _calls(late)] == [{**c, "id": None} for c in _calls(steady)]
     assert late[-1].finish_reason == steady[-1].finish_reason == "tool_calls"
     u, v = late[-1].usage, steady[-1].usage  # (the second one finds the prompt in the cache)
     assert (u.prompt_tokens, u.completion_tokens) == (v.prompt_tokens, v.completion_tokens)
