@@ -330,11 +330,10 @@ class GcPauses:
         """``(end perf_counter, generation, seconds)`` per collection."""
         self._start = 0.0
 
-    def __enter__(self) -> GcPauses:
+    def start(self) -> None:
         gc.callbacks.append(self._callback)
-        return self
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
         gc.callbacks.remove(self._callback)
 
     def _callback(self, phase: str, info: dict[str, int]) -> None:
@@ -366,8 +365,11 @@ def measure(
     lags = Lags(sim.emitted)
     gc_pauses = GcPauses()
     cpu0, t0 = time.process_time(), time.perf_counter()
-    with gc_pauses:
+    gc_pauses.start()
+    try:
         _run(consume, runtime, sim, streams, tokens, lags)
+    finally:
+        gc_pauses.stop()
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     assert lags.tokens == streams * tokens, (name, lags.tokens, streams * tokens)
     steady, (lo, hi) = lags.steady(), lags.window()
@@ -421,6 +423,13 @@ def main() -> None:
     ap.add_argument(
         "--paths", help="comma-separated paths to run (the stand-in alone always runs first)"
     )
+    ap.add_argument(
+        "--backpressure",
+        choices=["on", "off", "both"],
+        default="on",
+        help="off: pumps never wait for their consumers (as before engine/window.py); both: "
+        "each path with and without, one after the other, in this one process",
+    )
     args = ap.parse_args()
     if args.quick:
         args.streams, args.rates, args.seconds = 64, "6400,25600", 1.0
@@ -436,7 +445,7 @@ def main() -> None:
             ap.error(f"unknown --paths {sorted(unknown)}; choose from {', '.join(PATH_NAMES[1:])}")
         names = [n for n in PATH_NAMES if n == PATH_NAMES[0] or n in wanted]
 
-    from vllm_inline.engine import get_engine
+    from vllm_inline.engine import get_engine, window
     from vllm_inline.integrations.langchain import ChatVLLM
     from vllm_inline.integrations.llama_index import VLLM
     from vllm_inline.testing import scripted_model
@@ -456,16 +465,22 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     ceilings: dict[str, int] = {}
     started, load_before = time.time(), os.getloadavg()
+    on = window.WINDOW
+    modes = {"on": [on], "off": [None], "both": [on, None]}[args.backpressure]
+    labels = [(names[0], names[0], on)]
+    labels += [(n + ("" if w else " [no backpressure]"), n, w) for n in names[1:] for w in modes]
     try:
-        for name in names:
+        for name, path, pump_window in labels:
+            # ``None``: the pump never waits (a window no consumer can fill).
+            window.WINDOW = pump_window or 1 << 62
             for rate in rates:
                 step = args.streams / rate
                 tokens = max(10, min(3500, int(args.seconds / step)))
                 sim = SimulatedLLM(real, step)
                 runtime.llm = sim
                 consume = None
-                if name != "stand-in alone":
-                    consume = _consumers(engine, chat, li, tokens)[name]
+                if path != "stand-in alone":
+                    consume = _consumers(engine, chat, li, tokens)[path]
                 row = measure(name, consume, runtime, sim, args.streams, tokens)
                 row["offered_tok_s"] = rate
                 results.append(row)
@@ -474,7 +489,7 @@ def main() -> None:
                     and row["delivered_tok_s"] >= DELIVERY_FLOOR * rate
                 )
                 print(
-                    f"  {name:20s} offered {rate:>7d}  delivered {row['delivered_tok_s']:9.0f} "
+                    f"  {name:38s} offered {rate:>7d}  delivered {row['delivered_tok_s']:9.0f} "
                     f"lag p50 {row['lag_p50_ms']:7.1f} ms  p99 {row['lag_p99_ms']:8.1f} ms  "
                     f"(all {row['lag_p99_all_ms']:7.1f})  handler late p99 "
                     f"{row['handler_delay_p99_ms']:7.1f} ms  window {row['window_s']:4.1f} s  "
@@ -489,6 +504,7 @@ def main() -> None:
                     break
                 ceilings[name] = rate
     finally:
+        window.WINDOW = on
         runtime.llm = real
         engine.shutdown()
     alone = {r["offered_tok_s"]: r for r in results if r["path"] == "stand-in alone"}
@@ -496,7 +512,7 @@ def main() -> None:
         "\nceilings (highest offered rate sustained: >= 95 % delivered, lag p99 <= 50 ms); own "
         "CPU per token over the steady window, less the stand-in's (measured alone)"
     )
-    for name in names[1:]:
+    for name, _, _ in labels[1:]:
         rows = [r for r in results if r["path"] == name]
         own = [
             r["steady_cpu_us_per_token"]
@@ -509,7 +525,7 @@ def main() -> None:
             met = "met" if ceiling >= ASYNC_TARGET else "MISSED"
             target = f"  target >= {ASYNC_TARGET} tok/s over {args.streams} streams: {met}"
         print(
-            f"  {name:20s} ceiling {ceiling:>7d} tok/s  own cpu {min(own):5.1f}-{max(own):5.1f} "
+            f"  {name:38s} ceiling {ceiling:>7d} tok/s  own cpu {min(own):5.1f}-{max(own):5.1f} "
             f"us/tok{target}"
         )
     after = os.getloadavg()
