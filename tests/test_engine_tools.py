@@ -6,20 +6,9 @@ import json
 import time
 
 import pytest
+from tool_schemas import WEATHER
 
 USER = [{"role": "user", "content": "What is the weather in Oslo?"}]
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "enum": ["Oslo", "Paris"]}},
-            "required": ["city"],
-        },
-    },
-}
 
 
 def _calls(deltas) -> list[dict]:

@@ -17,6 +17,7 @@ from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.tools import FunctionTool
+from tool_schemas import WEATHER
 
 from vllm_inline.engine import BadRequestError
 from vllm_inline.integrations.langchain import ChatVLLM
@@ -27,18 +28,6 @@ pytestmark = pytest.mark.engine
 
 QUESTION = "What is the weather in Oslo?"
 USER = [{"role": "user", "content": QUESTION}]
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "enum": ["Oslo", "Paris"]}},
-            "required": ["city"],
-        },
-    },
-}
 
 
 @tool
