@@ -29,8 +29,9 @@ $(STAMP): pyproject.toml Makefile
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Tests that start several engine processes (tensor/pipeline/data parallel, multi-node data
-# parallel on 127.0.0.1, Ray Serve replicas): minutes each, so kept out of `make test`.
+# Tests that start engine processes of their own (tensor/pipeline/data parallel, multi-node data
+# parallel on 127.0.0.1, Ray Serve replicas, engine restarts and deaths, stats off): half a
+# minute to minutes each, so kept out of `make test`.
 test-parallel: install
 	$(PY) -m pip install -q -e ".[ray]"
 	$(PY) -m pytest -m parallel tests/parallel $(PYTEST_ARGS)

@@ -1,23 +1,15 @@
-"""Engine lifecycle on a real engine: lazy imports, shutdown, restart, engine death, exit."""
+"""Engine lifecycle on the suite's engines: exports, lazy imports, environment variables, lazy
+start, the start-up heap freeze. Shutdown, restart, engine death and a script's exit start
+engines of their own: ``tests/parallel/test_own_engines.py`` (``make test-parallel``)."""
 
 from __future__ import annotations
 
 import gc
-import os
-import signal
 import subprocess
 import sys
-import textwrap
-import threading
-import time
-
-import psutil
-import pytest
 
 import vllm_inline.engine as engine_module
-from vllm_inline.engine import EngineDeadError, EngineShutdownError, get_engine
-
-USER = [{"role": "user", "content": "hi"}]
+from vllm_inline.engine import get_engine
 
 
 def test_engine_exports_are_pinned():
@@ -68,120 +60,8 @@ def test_constructing_an_engine_starts_nothing(scripted):
     assert engine.num_unfinished_requests() == 0
 
 
-def _engine_processes() -> list[psutil.Process]:
-    """Child processes, less multiprocessing's resource tracker (it lives as long as we do)."""
-    alive = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline()):
-                alive.append(p)
-        except psutil.Error:  # gone (or a zombie) while we looked
-            pass
-    return alive
-
-
 def test_a_started_engine_freezes_the_start_up_heap(scripted):
     """As vLLM's server does: full collections then skip torch/vLLM's objects (no 0.5 s pauses)."""
     engine = scripted("llama3").engine.start()
     assert engine.started
     assert gc.get_freeze_count() > 100_000
-
-
-@pytest.fixture(scope="module")
-def own_engine(scripted):
-    """A private engine (distinct options) this module may shut down, kill and restart."""
-    s = scripted("long")
-    engine = get_engine(s.path, **{**s.engine_kwargs, "seed": 7})
-    yield s, engine
-    engine.shutdown()
-
-
-def test_shutdown_ends_running_streams_and_the_engine_restarts(own_engine):
-    s, engine = own_engine
-    before = set(p.pid for p in _engine_processes())
-    engine.start()
-    started = [p for p in _engine_processes() if p.pid not in before]
-    assert started  # the engine-core process (and its worker)
-    errors: list[BaseException] = []
-    got_one = threading.Event()
-
-    def consume() -> None:
-        try:
-            for _ in engine.stream(USER, max_tokens=400, ignore_eos=True):
-                got_one.set()
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-
-    t = threading.Thread(target=consume)
-    t.start()
-    assert got_one.wait(60)
-    engine.shutdown()
-    t.join(30)
-    assert not t.is_alive()
-    assert len(errors) == 1 and isinstance(errors[0], EngineShutdownError)
-    engine.shutdown()  # idempotent
-    psutil.wait_procs(started, timeout=15)
-    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in started)
-    # used again, it starts again
-    assert "".join(d.text for d in engine.stream(USER, max_tokens=3)) == " ".join(
-        s.scenario.answer.split(" ")[:3]
-    )
-
-
-def test_engine_death_ends_streams_with_a_clear_error_and_restart_recovers(own_engine):
-    s, engine = own_engine
-    engine.shutdown()
-    before = {p.pid for p in _engine_processes()}
-    engine.start()
-    core = [p for p in _engine_processes() if p.pid not in before]  # this engine's, no other's
-    assert core
-    stream = engine.stream(USER, max_tokens=400, ignore_eos=True)
-    next(stream)
-    for p in core:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    start = time.monotonic()
-    with pytest.raises(EngineDeadError):
-        for _ in stream:
-            pass
-    assert time.monotonic() - start < 60  # ends, does not hang
-    with pytest.raises(EngineDeadError, match="restart"):
-        list(engine.stream(USER, max_tokens=3))
-    engine.restart()
-    assert "".join(d.text for d in engine.stream(USER, max_tokens=3)) == " ".join(
-        s.scenario.answer.split(" ")[:3]
-    )
-
-
-def test_a_script_that_never_calls_shutdown_exits_by_itself(scripted, tmp_path):
-    s = scripted("chatml")
-    script = tmp_path / "no_shutdown.py"
-    script.write_text(textwrap.dedent(f"""
-        import json, psutil
-        from vllm_inline.engine import get_engine
-
-        if __name__ == "__main__":
-            engine = get_engine({s.path!r}, **{s.engine_kwargs!r})
-            text = "".join(d.text for d in engine.stream([{{"role": "user", "content": "hi"}}]))
-            print(json.dumps({{"text": text, "children": [p.pid for p in psutil.Process().children(recursive=True)]}}), flush=True)
-    """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    line = ""
-    for line in proc.stdout:  # vLLM logs to stdout too
-        if line.startswith("{"):
-            break
-    printed = time.monotonic()
-    proc.stdout.read()
-    proc.wait(timeout=120)
-    exit_seconds = time.monotonic() - printed
-    import json
-
-    report = json.loads(line)
-    assert report["text"] == s.scenario.answer
-    assert proc.returncode == 0
-    print(f"exit took {exit_seconds:.1f} s after the answer")
-    assert exit_seconds < 30
-    gone, alive = psutil.wait_procs([psutil.Process(p) for p in report["children"] if psutil.pid_exists(p)], timeout=10)
-    assert not alive

@@ -20,7 +20,6 @@ from vllm_inline.engine import (
     Engine,
     EngineUnavailableError,
     RequestTimeoutError,
-    StatsDisabledError,
     get_engine,
     prometheus_registry,
 )
@@ -249,41 +248,6 @@ def test_langchain_rate_limiter_is_used(scripted) -> None:
     assert "".join(c.content for c in chat.stream("Hi")) == s.scenario.answer
     assert asyncio.run(chat.ainvoke("Hi")).content == s.scenario.answer
     assert Counting.calls == 3
-
-
-def test_disable_log_stats_turns_vllms_stats_off_and_stats_says_so(scripted) -> None:
-    """An explicit ``disable_log_stats=True`` is vLLM's own meaning (as ``vllm.LLM``'s default):
-    no stats recorded, so ``stats()`` raises, no Prometheus series move and requests carry no
-    timings; answers and usage are unchanged. The default engine keeps its stats."""
-    from prometheus_client import generate_latest
-
-    s = scripted("llama3")
-    s.engine.start()
-    options = {**s.engine_kwargs, "disable_log_stats": True}
-    engine = get_engine(s.path, **options)
-    assert engine is not s.engine
-    try:
-        engine.start()
-        assert engine.runtime.llm.logger_manager is None, "vLLM must record no stats"
-        before = generate_latest(prometheus_registry()).decode()
-        deltas = list(engine.stream(USER))
-        default = list(s.engine.stream(USER))
-        assert "".join(d.text for d in deltas) == "".join(d.text for d in default)
-        assert deltas[-1].usage == default[-1].usage
-        assert deltas[-1].metrics is None and default[-1].metrics is not None
-        message = ChatVLLM(model=s.path, vllm_kwargs=options).invoke("Hi")  # final-only
-        assert message.content == "".join(d.text for d in default)
-        assert message.usage_metadata["output_tokens"] == default[-1].usage.completion_tokens
-        assert "metrics" not in message.response_metadata
-        after = generate_latest(prometheus_registry()).decode()
-        tokens = _value(after, "vllm:generation_tokens_total", s.path)
-        moved = tokens - _value(before, "vllm:generation_tokens_total", s.path)
-        assert moved == default[-1].usage.completion_tokens, "only the default engine counts"
-        with pytest.raises(StatsDisabledError, match="disable_log_stats=True"):
-            engine.stats()
-    finally:
-        engine.shutdown()
-    assert s.engine.stats().generation_tokens > 0
 
 
 def test_no_periodic_stats_log_by_default(scripted) -> None:

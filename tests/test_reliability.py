@@ -489,7 +489,7 @@ def test_no_logging_per_token(scripted):
 async def test_engine_death_ends_integration_streams_with_the_engine_error(templateless):
     """Runs last on the private engine: its engine-core dies under a ChatVLLM stream and a
     VLLM stream; both end with EngineDeadError (no hang) and the next calls say what happened.
-    (Restarting is proven in test_engine_lifecycle.py.)"""
+    (Restarting is proven in tests/parallel/test_own_engines.py.)"""
     s, engine, _ = templateless
     assert engine.processes  # engine core (and its worker), started by the fixture
     kwargs = {**s.engine_kwargs, "seed": 60601}
