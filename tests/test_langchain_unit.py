@@ -97,12 +97,17 @@ def test_request_merges_fields_and_call_values() -> None:
 def test_stop_both_ways_is_refused() -> None:
     with pytest.raises(ValueError, match="stop"):
         ChatVLLM(model=MODEL)._request_kwargs(["a"], {"stop": ["b"]})
-    with pytest.raises(ValueError, match="stop"):
-        ChatVLLM(model=MODEL, extra_sampling={"stop": ["b"]})._request_kwargs(["a"])
-    with pytest.raises(ValueError, match="stop"):
-        ChatVLLM(model=MODEL, extra_sampling={"stop": ["b"]}).invoke("hi", stop=["a"])
-    with pytest.raises(ValueError, match="stop"):
-        ChatVLLM(model=MODEL, stop=["a"], extra_sampling={"stop": ["b"]})
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("stop", ["b"]), ("temperature", 0.3), ("max_tokens", 400), ("top_k", 5), ("timeout", 2.0)],
+)
+def test_a_fields_name_in_extra_sampling_is_refused(name: str, value: Any) -> None:
+    """Not silently dropped: an unset field would otherwise hide the value."""
+    with pytest.raises(ValidationError, match=rf"extra_sampling\['{name}'\]=.*ChatVLLM\({name}="):
+        ChatVLLM(model=MODEL, extra_sampling={name: value})
+    assert ChatVLLM(model=MODEL, extra_sampling={"min_p": 0.1})._identifying_params["min_p"] == 0.1
 
 
 @pytest.mark.parametrize(

@@ -195,7 +195,10 @@ def test_timeout_aborts_the_request_everywhere(scripted) -> None:
             got.append(delta.text)
     assert err.value.timeout == 0.3 and "timeout" in str(err.value)
     assert len(got) < LONG["max_tokens"]
-    chat = ChatVLLM(model=s.path, vllm_kwargs=s.engine_kwargs, timeout=0.3, extra_sampling=LONG)
+    chat = ChatVLLM(
+        model=s.path, vllm_kwargs=s.engine_kwargs, timeout=0.3, max_tokens=LONG["max_tokens"],
+        extra_sampling={"ignore_eos": True},
+    )
     with pytest.raises(RequestTimeoutError):
         chat.invoke("Hi")
     llm = VLLM(model=s.path, vllm_kwargs=s.engine_kwargs, timeout=0.3, additional_kwargs=LONG)

@@ -19,8 +19,11 @@ from typing import Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import LanguageModelInput
-from langchain_core.language_models.chat_models import BaseChatModel, LangSmithParams
-from langchain_core.language_models.chat_models import generate_from_stream
+from langchain_core.language_models.chat_models import (
+    BaseChatModel,
+    LangSmithParams,
+    generate_from_stream,
+)
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.output_parsers.openai_tools import (
@@ -159,7 +162,8 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
 
     extra_sampling: dict[str, Any] = Field(default_factory=dict)
     """Other vLLM sampling values for every call (``min_p``, ``presence_penalty``,
-    ``ignore_eos``, ...). Default ``{}``."""
+    ``ignore_eos``, ...); a field's name (``temperature``, ``stop``, ...) is refused here.
+    Default ``{}``."""
 
     streaming: bool = False
     """``True``: ``invoke`` streams (LangChain calls ``_stream`` and fires ``on_llm_new_token``
@@ -169,9 +173,16 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
 
     @model_validator(mode="after")
     def _check_fields(self) -> Self:
-        if self.stop is not None and "stop" in self.extra_sampling:
-            msg = "`stop` was given both as a field and in extra_sampling; pass it once."
-            raise ValueError(msg)
+        # As ChatOpenAI does with model_kwargs: a field's name in extra_sampling is refused, so
+        # that each value has one place (an unset field would otherwise hide it).
+        for name in (*_SAMPLING_FIELDS, *_REQUEST_FIELDS):
+            if name in self.extra_sampling:
+                value = self.extra_sampling[name]
+                msg = (
+                    f"extra_sampling[{name!r}]={value!r}: `{name}` is a ChatVLLM field; pass "
+                    f"ChatVLLM({name}=...) (or {name}=... in the call) instead."
+                )
+                raise ValueError(msg)
         check_sampling(self._instance_sampling())
         return self
 
@@ -264,12 +275,11 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
         """Engine keyword arguments: instance fields, overridden by the call's; unset dropped.
 
         A call's ``stop`` replaces the ``stop`` field; ``stop`` given both as the call's
-        argument and among its keyword arguments or in ``extra_sampling`` is refused.
+        argument and among its keyword arguments is refused.
         """
         kwargs = dict(kwargs or {})
-        if stop is not None and ("stop" in kwargs or "stop" in self.extra_sampling):
-            where = "the call's keyword arguments" if "stop" in kwargs else "extra_sampling"
-            msg = f"`stop` was given both as the call's argument and in {where}; pass it once."
+        if stop is not None and "stop" in kwargs:
+            msg = "`stop` was given both as the call's argument and as a keyword; pass it once."
             raise ValueError(msg)
         if stop is not None:
             kwargs["stop"] = stop
