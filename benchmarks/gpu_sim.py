@@ -328,8 +328,8 @@ class GcPauses:
     A pause is the collecting thread's CPU time between the two callbacks, not the wall time:
     entering the "stop" callback is a Python call, where the interpreter hands over to the
     threads that waited during the collection, and the wall time then counts their turns too
-    (on this host 60-190 ms for collections that took 2-16 ms by ``gc.DEBUG_STATS``' own
-    clock, which the CPU time matches).
+    (a synthetic heap with a busy second thread: wall 45-48 ms, CPU 29-41 ms,
+    ``gc.DEBUG_STATS``' own clock 26-37 ms).
     """
 
     def __init__(self) -> None:
