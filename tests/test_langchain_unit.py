@@ -28,6 +28,7 @@ from vllm_inline.integrations.langchain.convert import (
     convert_message_to_dict,
     delta_to_chunk,
     delta_to_generation_chunk,
+    request_kwargs,
 )
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"  # never started in this module
@@ -81,22 +82,27 @@ def test_identity_and_tracing_params() -> None:
 def test_request_merges_fields_and_call_values() -> None:
     chat = ChatVLLM(
         model=MODEL, temperature=0.5, top_k=3, stop=["a"], extra_sampling={"min_p": 0.1},
-        chat_template_kwargs={"enable_thinking": False},
+        chat_template_kwargs={"enable_thinking": False}, lora="adapter",
     )
-    request = chat._request_kwargs(["b"], {"temperature": 0.0, "tools": None})
+    instance = {k: v for k, v in chat._identifying_params.items() if k not in ("model", "vllm_kwargs")}
+    assert instance == {
+        "temperature": 0.5, "top_k": 3, "stop": ["a"], "min_p": 0.1,
+        "chat_template_kwargs": {"enable_thinking": False}, "lora": "adapter",
+    }
+    request = request_kwargs(instance, ["b"], {"temperature": 0.0, "tools": None, "lora": None})
     assert request == {
         "temperature": 0.0,
         "top_k": 3,
         "stop": ["b"],  # the call's stop replaces the instance's
         "min_p": 0.1,
         "chat_template_kwargs": {"enable_thinking": False},
-    }
-    assert chat._request_kwargs()["stop"] == ["a"]
+    }  # and a call's lora=None is the base model
+    assert request_kwargs(instance)["stop"] == ["a"]
 
 
 def test_stop_both_ways_is_refused() -> None:
     with pytest.raises(ValueError, match="stop"):
-        ChatVLLM(model=MODEL)._request_kwargs(["a"], {"stop": ["b"]})
+        request_kwargs({}, ["a"], {"stop": ["b"]})
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ from vllm_inline.engine.messages import validate_tool_choice
 from vllm_inline.engine.sampling import check_sampling
 
 from .batching import BatchAtOnce
-from .convert import convert_message_to_dict, delta_to_generation_chunk
+from .convert import convert_message_to_dict, delta_to_generation_chunk, request_kwargs
 from .token_callbacks import wants_tokens
 
 __all__ = ["ChatVLLM"]
@@ -204,12 +204,7 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "vllm_kwargs": self.vllm_kwargs,
-            **self._instance_sampling(),
-            **{k: getattr(self, k) for k in _REQUEST_FIELDS if getattr(self, k) is not None},
-        }
+        return {"model": self.model, "vllm_kwargs": self.vllm_kwargs, **self._instance_request()}
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = LangSmithParams(
@@ -269,26 +264,11 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
         values = {**self.extra_sampling, **{k: getattr(self, k) for k in _SAMPLING_FIELDS}}
         return {k: v for k, v in values.items() if v is not None}
 
-    def _request_kwargs(
-        self, stop: list[str] | None = None, kwargs: Mapping[str, Any] | None = None
-    ) -> dict[str, Any]:
-        """Engine keyword arguments: instance fields, overridden by the call's; unset dropped.
-
-        A call's ``stop`` replaces the ``stop`` field; ``stop`` given both as the call's
-        argument and among its keyword arguments is refused.
-        """
-        kwargs = dict(kwargs or {})
-        if stop is not None and "stop" in kwargs:
-            msg = "`stop` was given both as the call's argument and as a keyword; pass it once."
-            raise ValueError(msg)
-        if stop is not None:
-            kwargs["stop"] = stop
-        request = {
-            **self._instance_sampling(),
-            **{k: getattr(self, k) for k in _REQUEST_FIELDS},
-            **kwargs,
-        }
-        return {k: v for k, v in request.items() if v is not None}
+    def _instance_request(self) -> dict[str, Any]:
+        """This model's own request values (sampling and request fields, ``extra_sampling``),
+        unset ones left out."""
+        fields = {k: getattr(self, k) for k in _REQUEST_FIELDS}
+        return {**self._instance_sampling(), **{k: v for k, v in fields.items() if v is not None}}
 
     def _prepare(
         self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
@@ -299,7 +279,7 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
         """
         model = kwargs.pop("model", None) or self.model
         wire = [convert_message_to_dict(m, f"messages[{i}]") for i, m in enumerate(messages)]
-        request = self._request_kwargs(stop, kwargs)
+        request = request_kwargs(self._instance_request(), stop, kwargs)
         return get_engine(model, **self.vllm_kwargs), model, wire, request
 
     def _chunks(

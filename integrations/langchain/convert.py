@@ -1,7 +1,8 @@
 """Pure converters between LangChain messages and the engine's wire format.
 
 ``convert_message_to_dict`` turns a LangChain message into the OpenAI-style dict the engine
-takes; ``delta_to_chunk`` turns one engine :class:`~vllm_inline.engine.Delta` into one
+takes; ``request_kwargs`` layers a call's values over a chat model's into the engine's keyword
+arguments; ``delta_to_chunk`` turns one engine :class:`~vllm_inline.engine.Delta` into one
 ``AIMessageChunk`` and ``delta_to_generation_chunk`` into the ``ChatGenerationChunk`` a
 stream yields. They are shared by the sync and async streams of ``ChatVLLM`` and import
 neither vLLM nor torch.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from langchain_core.messages import (
@@ -34,6 +35,7 @@ __all__ = [
     "convert_message_to_dict",
     "delta_to_chunk",
     "delta_to_generation_chunk",
+    "request_kwargs",
 ]
 
 # Content blocks of an AI message that are not text for the model: reasoning shown to the user
@@ -246,3 +248,25 @@ def delta_to_generation_chunk(delta: Delta, model_name: str) -> ChatGenerationCh
         }
     )
     return _EMPTY_GENERATION.model_copy(update={"message": message, "text": delta.text})
+
+
+def request_kwargs(
+    instance: Mapping[str, Any],
+    stop: list[str] | None = None,
+    call: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The engine keyword arguments of one call: a chat model's own values (``instance``),
+    overridden by the call's keyword arguments (``call``); ``None`` values dropped, so a call's
+    ``lora=None`` means the base model whatever the model's ``lora``.
+
+    A call's ``stop`` replaces the model's; ``stop`` given both as the call's argument and
+    among its keyword arguments is refused (``ValueError``).
+    """
+    values = dict(call or {})
+    if stop is not None:
+        if "stop" in values:
+            msg = "`stop` was given both as the call's argument and as a keyword; pass it once."
+            raise ValueError(msg)
+        values["stop"] = stop
+    merged = {**instance, **values}
+    return {k: v for k, v in merged.items() if v is not None}
