@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,23 +28,26 @@ from vllm.renderers.params import ChatParams
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.utils.gc_utils import freeze_gc_heap
 from vllm.v1.engine.async_llm import AsyncLLM
-from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
-from vllm.v1.engine.exceptions import EngineGenerateError
 
 from ._vllm_platform import remote_peer_deadline, spawn_environment
 from .errors import (
     BadRequestError,
     ContextLengthExceededError,
+    EngineBusyError,
     EngineDeadError,
+    GenerationFailedError,
     ModelLoadError,
     VLLMInlineError,
 )
 from .images import MediaPolicy
 from .metrics import StatsBook
+from .versions import installed_vllm, range_text, support_status
 
 __all__ = [
+    "VLLM_ERROR_KINDS",
     "AsyncLLM",
     "check_engine_kwargs",
+    "error_kind",
     "is_media_error",
     "make_sampling_params",
     "map_error",
@@ -89,6 +93,7 @@ def start_engine(
     """
     from ._vllm_stats import stat_loggers
 
+    _warn_if_unsupported()
     options = dict(kwargs)
     options.setdefault("disable_log_stats", True)
     loggers = stat_loggers(stats) if stats.enabled else None
@@ -122,6 +127,23 @@ def start_engine(
     # next engine start clears the cache first, so it sees the environment of its own time.
     enable_envs_cache()
     return llm
+
+
+_warned_unsupported = False
+
+
+def _warn_if_unsupported() -> None:
+    """One warning per process when the installed vLLM is outside the supported range."""
+    global _warned_unsupported
+    found = installed_vllm()
+    if _warned_unsupported or found is None or support_status(found[1]) != "unknown":
+        return
+    _warned_unsupported = True
+    logging.getLogger("vllm_inline").warning(
+        "vllm-inline: %s %s is outside the vLLM releases vllm-inline is tested or checked on "
+        "(%s; docs/compatibility.md). It may work; if something breaks, install a release in "
+        "that range.", *found, range_text(),
+    )
 
 
 # -- LoRA (the adapter logic is in .lora) ---------------------------------------------------
@@ -314,17 +336,60 @@ def _as_bad_request(e: Exception) -> BadRequestError:
     return BadRequestError(message, parameter=parameter, value=value)
 
 
+VLLM_ERROR_KINDS: Mapping[str, str] = {
+    "EngineDeadError": "dead",
+    "EngineGenerateError": "engine_failed",
+    "VLLMValidationError": "bad_request",
+    "VLLMClientError": "bad_request",
+    "RetryableRequestError": "busy",
+    "GracefulHTTPError": "busy",
+    "GenerationError": "failed",
+    "VLLMError": "failed",
+}
+"""vLLM's exception types by class name, and what each becomes (see :func:`map_error`).
+
+Matched along an exception's MRO by name, within vLLM's modules, rather than imported one by
+one: releases add types under these bases (0.33 raises ``GenerationError`` and
+``RetryableRequestError`` to ``AsyncLLM.generate``'s caller where 0.32 ended the request with a
+finish reason, and moved ``VLLMValidationError`` checks into the engine core), and a base class
+here covers every subclass a release adds."""
+
+
+def error_kind(cls: type) -> str | None:
+    """The :data:`VLLM_ERROR_KINDS` entry of vLLM exception type ``cls`` (or of its nearest
+    vLLM base), ``None`` for a type that is not vLLM's."""
+    for klass in cls.__mro__:
+        if klass.__module__.partition(".")[0] == "vllm" and klass.__name__ in VLLM_ERROR_KINDS:
+            return VLLM_ERROR_KINDS[klass.__name__]
+    return None
+
+
 def map_error(e: BaseException, model: str) -> VLLMInlineError | None:
     """Our typed error for one of vLLM's, or ``None`` when it is not vLLM's to map."""
     if isinstance(e, VLLMInlineError):
         return e
-    if isinstance(e, VLLMEngineDeadError):
+    kind = error_kind(type(e))
+    if kind == "dead":
         return EngineDeadError(
             f"The vLLM engine for {model!r} died ({e}). Streams in flight were ended; call "
             "engine.restart() to start a new one (see the log above for the cause)."
         )
-    if isinstance(e, VLLMValidationError):
-        return _as_bad_request(e)
-    if isinstance(e, EngineGenerateError):
+    if kind == "engine_failed":
         return EngineDeadError(f"The vLLM engine for {model!r} failed a request: {e.__cause__!r}.")
+    if kind == "bad_request":
+        if isinstance(e, VLLMValidationError):
+            return _as_bad_request(e)
+        return BadRequestError(
+            str(e), parameter=getattr(e, "parameter", None), value=getattr(e, "value", None)
+        )
+    if kind == "busy":
+        return EngineBusyError(
+            f"The vLLM engine for {model!r} turned this request away for now ({e}); send it "
+            "again later."
+        )
+    if kind == "failed":
+        return GenerationFailedError(
+            f"vLLM failed this request on {model!r}: {e}. The engine keeps serving; sending the "
+            "request again may work (see the log above for the cause)."
+        )
     return None

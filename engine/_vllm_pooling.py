@@ -21,10 +21,14 @@ from vllm.entrypoints.pooling.typing import ScoringRenderParams
 from vllm.entrypoints.pooling.utils import enable_scoring_api
 from vllm.exceptions import VLLMValidationError
 from vllm.outputs import ScoringRequestOutput
-from vllm.renderers.chat_utils import ChatTemplateConfig
 from vllm.renderers.inputs.preprocess import parse_model_prompt
 from vllm.tasks import SCORE_TYPE_MAP
 from vllm.v1.engine.async_llm import AsyncLLM
+
+try:
+    from vllm.renderers.chat_utils import ChatTemplateConfig
+except ImportError:  # vLLM < 0.32 keeps it with the server's chat utilities
+    from vllm.entrypoints.chat_utils import ChatTemplateConfig
 
 __all__ = [
     "encode_one",

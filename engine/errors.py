@@ -14,9 +14,11 @@ __all__ = [
     "BadRequestError",
     "ChatTemplateError",
     "ContextLengthExceededError",
+    "EngineBusyError",
     "EngineDeadError",
     "EngineShutdownError",
     "EngineUnavailableError",
+    "GenerationFailedError",
     "InsufficientMemoryError",
     "ModelLoadError",
     "ParallelLayoutError",
@@ -113,6 +115,18 @@ class EngineDeadError(EngineUnavailableError):
     Call ``engine.restart()`` (or use the engine again: it restarts on the next request after
     ``restart()``) to bring up a fresh one.
     """
+
+
+class EngineBusyError(EngineUnavailableError):
+    """The engine turned this request away for now and the request may simply be sent again:
+    generation is paused (a weight update), admission control refused it, or vLLM reported a
+    transient failure as retryable (its ``RetryableRequestError``). Nothing else is affected."""
+
+
+class GenerationFailedError(VLLMInlineError, RuntimeError):
+    """vLLM failed this one request after accepting it (its ``GenerationError``: e.g. a KV cache
+    that could not be loaded); the engine keeps serving the others. The message carries vLLM's
+    reason; sending the request again may work, and the log above says more."""
 
 
 class EngineShutdownError(EngineUnavailableError):

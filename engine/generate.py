@@ -4,8 +4,9 @@
 <.runtime.Runtime.guard>`:
 
 1. render the prompt (:mod:`.render`);
-2. final sampling values (:func:`.sampling.final_sampling`: defaults, the model's
-   generation_config, the call's, the stop policy) and the output parsers (:mod:`.parsing`);
+2. the output parsers (:mod:`.parsing`) and the final sampling values
+   (:func:`.sampling.final_sampling`: defaults, the model's generation_config, what the parsers
+   need, the call's, the stop policy);
 3. the LoRA request (:mod:`.lora`), then vLLM's ``AsyncLLM.generate`` in DELTA mode, or in
    FINAL_ONLY mode for a request with ``stream=False`` (:attr:`.request.Request.stream`);
 4. each output's new text and token ids go through the choice's parser, and a :class:`Delta`
@@ -50,13 +51,6 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
         engine_input = await render(runtime, request)
         prompt_ids = list(engine_input["prompt_token_ids"])
         prompt_tokens = len(prompt_ids)
-        values = final_sampling(
-            request.sampling,
-            model_defaults=runtime.model_defaults,
-            stop_token_ids=runtime.stop_policy.stop_token_ids,
-            max_model_len=runtime.max_model_len,
-            prompt_tokens=prompt_tokens,
-        )
         make_parser = make_parser_factory(
             tokenizer=runtime.tokenizer,
             model_config=llm.model_config,
@@ -69,8 +63,14 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
             reasoning_parser=request.reasoning_parser,
             chat_template_kwargs=request.chat_template_kwargs,
         )
-        if not make_parser.skip_special_tokens:
-            values.setdefault("skip_special_tokens", False)
+        values = final_sampling(
+            request.sampling,
+            model_defaults=runtime.model_defaults,
+            parser_needs={"skip_special_tokens": make_parser.skip_special_tokens},
+            stop_token_ids=runtime.stop_policy.stop_token_ids,
+            max_model_len=runtime.max_model_len,
+            prompt_tokens=prompt_tokens,
+        )
         structured = request.structured_outputs or make_parser.structured_outputs
         params = _vllm.make_sampling_params(values, structured, stream=request.stream)
         lora = await lora_request(runtime, request.lora)

@@ -4,15 +4,15 @@ Plain requests pass text through untouched. With tools or a ``reasoning_parser``
 gets one of vLLM's ``Parser`` objects (``vllm.parser.ParserManager``: tool parsers such as
 ``hermes``/``llama3_json``, reasoning parsers such as ``qwen3``/``deepseek_r1``), fed the deltas as
 they arrive, exactly as vLLM's OpenAI server does. Those parsers take the server's
-``ChatCompletionRequest``; building it is the only wrapping done here, and it also yields the
-structured-output constraint that enforces ``tool_choice="required"`` or a named tool.
+``ChatCompletionRequest``; building it (in :mod:`._vllm_parsing`, with every other vLLM name the
+parsers need) is the only wrapping done here, and it also yields the structured-output
+constraint that enforces ``tool_choice="required"`` or a named tool.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
 from typing import Any
 
 from .deltas import ToolCallDelta
@@ -74,10 +74,10 @@ class _VLLMOutputParser(OutputParser):
         # As vLLM's server answers a request without stream: ``Parser.parse`` on the whole
         # output (feeding it to ``parse_delta`` as one delta is not what its streaming tool
         # parsers are written for), after the prompt, for parsers that need its state.
-        from vllm.renderers.chat_utils import make_tool_call_id
+        from ._vllm_parsing import make_tool_call_id, set_prompt_token_ids
 
         if self._prompt_token_ids is not None:
-            self._parser.set_prompt_token_ids(self._prompt_token_ids)
+            set_prompt_token_ids(self._parser, self._prompt_token_ids)
         reasoning, content, functions = self._parser.parse(
             text, self._request, enable_auto_tools=True, model_output_token_ids=list(token_ids)
         )
@@ -97,8 +97,8 @@ class ParserFactory:
 
     structured_outputs: Mapping[str, Any] | None = None
     """Constraint the parsers need (``tool_choice="required"`` or a named tool), if any."""
-    skip_special_tokens: bool = True
-    """Whether the parsers can work with special tokens removed from the text."""
+    skip_special_tokens: bool | None = None
+    """``False`` when the parsers need special tokens kept in the text; ``None``: no need."""
 
     def __call__(self, prompt_token_ids: list[int]) -> OutputParser:
         return OutputParser()
@@ -121,7 +121,9 @@ class _VLLMParserFactory(ParserFactory):
                                   "grammar": so.grammar, "structural_tag": so.structural_tag,
                                   "json_object": so.json_object}.items() if v is not None
             }
-        self.skip_special_tokens = bool(self._request.skip_special_tokens)
+        from ._vllm_parsing import required_skip_special_tokens
+
+        self.skip_special_tokens = required_skip_special_tokens(self._request)
 
     def __call__(self, prompt_token_ids: list[int]) -> OutputParser:
         parser = self._parser_cls(
@@ -157,34 +159,13 @@ def _tighten_structural_tag(tag: str) -> str:
     return json.dumps(spec)
 
 
-@lru_cache(maxsize=64)
-def _parser_class(tool_parser: str | None, reasoning_parser: str | None, model: str) -> Any:
-    from vllm.parser import ParserManager
-
-    return ParserManager.get_parser(
-        tool_parser_name=tool_parser,
-        reasoning_parser_name=reasoning_parser,
-        enable_auto_tools=True,
-        model_name=model,
-    )
-
-
-def _registered(kind: str) -> list[str]:
-    if kind == "tool_parser":
-        from vllm.tool_parsers import ToolParserManager as manager
-    else:
-        from vllm.reasoning import ReasoningParserManager as manager
-    names = getattr(manager, "list_registered", None)
-    if callable(names):
-        return sorted(names())
-    return sorted(set(getattr(manager, "lazy_parsers", {})) | set(getattr(manager, "parsers", {})))
-
-
 def check_parser_name(kind: str, name: Any) -> None:
     """Refuse an unknown ``tool_parser``/``reasoning_parser`` name, listing the known ones."""
     if name is None:
         return
-    known = _registered(kind)
+    from ._vllm_parsing import registered
+
+    known = registered(kind)
     if not isinstance(name, str) or name not in known:
         raise BadRequestError.invalid(kind, name, f"one of {known}")
 
@@ -220,7 +201,7 @@ def make_parser_factory(
         tool_parser = None
     if tool_parser is None and reasoning_parser is None:
         return ParserFactory()
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from ._vllm_parsing import chat_completion_request, parser_class
 
     choice: Any = tool_choice
     if tool_choice not in (None, "auto", "none", "required"):
@@ -230,16 +211,14 @@ def make_parser_factory(
         # schema into the structured-output constraint only for strict tools.
         tools = [{**t, "function": {**t["function"], "strict": True}} for t in tools]
     try:
-        request = ChatCompletionRequest(
+        request = chat_completion_request(
             model=model,
             messages=messages or [{"role": "user", "content": ""}],
             tools=tools if wants_tools else None,
             tool_choice=choice if wants_tools else "none",
-            chat_template_kwargs=dict(chat_template_kwargs or {}),
-            include_reasoning=True,
-            stream=True,
+            chat_template_kwargs=chat_template_kwargs or {},
         )
-        parser_cls = _parser_class(tool_parser, reasoning_parser, model)
+        parser_cls = parser_class(tool_parser, reasoning_parser, model)
         return _VLLMParserFactory(parser_cls, tokenizer, request, model_config)
     except BadRequestError:
         raise

@@ -1,7 +1,9 @@
 """Sampling values: package defaults, the model's generation_config, the caller's; and checks.
 
 Layering, lowest first: :data:`DEFAULTS` < the model's ``generation_config`` sampling values
-(``AsyncLLM`` does not apply them by itself) < values of the integration object < per-call values.
+(``AsyncLLM`` does not apply them by itself) < what the request's output parsers need (a tool
+parser that reads special tokens: ``skip_special_tokens=False``) < values of the integration
+object < per-call values.
 :func:`final_sampling` does that layering for one request and adds what the engine decides
 (the room left in the context window, the stop policy's token ids).
 
@@ -101,14 +103,20 @@ def final_sampling(
     call: Mapping[str, Any],
     *,
     model_defaults: Mapping[str, Any],
+    parser_needs: Mapping[str, Any] | None = None,
     stop_token_ids: tuple[int, ...],
     max_model_len: int,
     prompt_tokens: int,
 ) -> dict[str, Any]:
     """The sampling values sent for one request: :data:`DEFAULTS` < ``model_defaults`` <
-    ``call``, ``max_tokens`` capped to the room left after the prompt, and the stop policy's
-    ``stop_token_ids`` added (unless ``ignore_eos``)."""
-    values = layer_sampling(DEFAULTS, model_defaults, call)
+    ``parser_needs`` < ``call``, ``max_tokens`` capped to the room left after the prompt, and the
+    stop policy's ``stop_token_ids`` added (unless ``ignore_eos``).
+
+    ``parser_needs`` wins over the model's defaults as in vLLM's server, where a parser's
+    ``adjust_request`` sets the request field that the model's ``generation_config`` only fills
+    when unset (vLLM 0.33 reads ``skip_special_tokens`` from it too).
+    """
+    values = layer_sampling(DEFAULTS, model_defaults, parser_needs, call)
     values["max_tokens"] = min(values["max_tokens"], max_model_len - prompt_tokens)
     if values["max_tokens"] < 1:
         raise BadRequestError(

@@ -148,6 +148,15 @@ async def _render(
     for k, result in enumerate(results):
         if isinstance(result, BaseException):
             if not _vllm_pooling.is_context_length_error(result):
+                if isinstance(result, ValueError) and not isinstance(result, BadRequestError):
+                    # vLLM's pair renderer refusing the pair (0.33: a checkpoint whose saved
+                    # score template declares message inputs); vLLM's server answers 400 too.
+                    raise BadRequestError(
+                        f"vLLM cannot render the query with documents[{start + k}] for "
+                        f"{runtime.model!r}: {result}",
+                        parameter=f"documents[{start + k}]",
+                        value=batch[k],
+                    ) from result
                 raise result
             tokens = getattr(result, "value", None)
             counted = f"{tokens} or more" if isinstance(tokens, int) else "more"

@@ -15,8 +15,8 @@ from vllm_inline.engine import get_engine
 def test_engine_exports_are_pinned():
     assert sorted(engine_module.__all__) == sorted([
         "DEFAULTS", "BadRequestError", "ChatTemplateError", "ContextLengthExceededError",
-        "Delta", "Engine", "EngineDeadError", "EngineShutdownError", "EngineStats",
-        "EngineUnavailableError", "InsufficientMemoryError", "ModelLoadError", "ParallelLayoutError",
+        "Delta", "Engine", "EngineBusyError", "EngineDeadError", "EngineShutdownError",
+        "EngineStats", "EngineUnavailableError", "GenerationFailedError", "InsufficientMemoryError", "ModelLoadError", "ParallelLayoutError",
         "RequestMetrics",
         "RequestTimeoutError", "StatsDisabledError", "StopPolicy", "TokenLogprob", "ToolCallDelta",
         "UnsupportedTaskError", "Usage", "VLLMInlineError", "get_engine", "prometheus_registry",

@@ -20,6 +20,7 @@ from .engine.errors import ChatTemplateError, VLLMInlineError
 from .engine.parsing import DEFAULT_TOOL_PARSERS
 from .engine.sampling import DEFAULTS
 from .engine.templates import detect_family
+from .engine.versions import installed_vllm, range_text, support_status
 from .parity import add_parity_rows
 
 __all__ = ["CONVERSATION", "Report", "Row", "run_check"]
@@ -352,6 +353,22 @@ def _tools(engine: Engine, report: Report, tool_parser: str | None) -> None:
     )
 
 
+def _vllm_row(report: Report) -> None:
+    """Which vLLM is installed, and whether vllm-inline was run on it, checked against its
+    sources, or neither (docs/compatibility.md)."""
+    found = installed_vllm()
+    if found is None:
+        report.add("vllm", "fail", "not installed", "pip install 'vllm-inline[gpu]' or '[cpu]'.")
+        return
+    dist, version = found
+    status = support_status(version)
+    detail = "" if status != "unknown" else (
+        f"Outside the supported range ({range_text()}): it may work; if something breaks, "
+        "install a release in that range (docs/compatibility.md)."
+    )
+    report.add("vllm", "warn" if status == "unknown" else "info", f"{dist} {version}: {status}", detail)
+
+
 def run_check(
     model: str,
     *,
@@ -363,6 +380,7 @@ def run_check(
     """Check ``model`` on a real engine (started with ``vllm_kwargs``, else the engine's own
     choice) and return the :class:`Report`; ``report.passed`` is the exit status."""
     report = Report(model)
+    _vllm_row(report)
     try:
         engine = get_engine(model, **dict(vllm_kwargs or {})).start()
     except VLLMInlineError as e:

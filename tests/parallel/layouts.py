@@ -90,7 +90,10 @@ VLLM_SERVE = """
 import sys
 
 from vllm.entrypoints.cli.serve import ServeSubcommand
-from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+try:
+    from vllm.entrypoints.common.startup import cli_env_setup
+except ImportError:  # vLLM < 0.33
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
 from vllm.logger import configure_logging_from_args
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
