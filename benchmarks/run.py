@@ -134,6 +134,20 @@ WARMUP = (4, 8)  # streams, tokens: compiles kernels, fills the prefix cache, lo
 # -- (1)-(4): raw AsyncLLM and vllm-inline, on one engine ---------------------------------------
 
 
+def inline_paths(engine: Any, chat: Any, li: Any, tokens: int) -> list[tuple[str, str, Any]]:
+    """vllm-inline's streaming paths (2)-(4) as ``(name, "async" | "sync", request)``, on
+    ``engine`` and the ``ChatVLLM`` (``chat``) and LlamaIndex ``VLLM`` (``li``) sharing it."""
+    kw = P.sampling(tokens)
+    return [
+        ("Engine.astream", "async", P.engine_async(engine, tokens)),
+        ("Engine.stream", "sync", P.engine_sync(engine, tokens)),
+        ("ChatVLLM.astream", "async", P.langchain_async(chat, tokens, **kw)),
+        ("ChatVLLM.stream", "sync", P.langchain_sync(chat, tokens, **kw)),
+        ("VLLM.astream_chat", "async", P.llama_index_async(li, tokens)),
+        ("VLLM.stream_chat", "sync", P.llama_index_sync(li, tokens)),
+    ]
+
+
 def phase_inline(spec: ModelSpec, model: str, prompt_ids: list[int], args: argparse.Namespace) -> list[dict[str, Any]]:
     """Raw ``AsyncLLM.generate`` and every vllm-inline path, interleaved on one engine.
 
@@ -158,15 +172,7 @@ def phase_inline(spec: ModelSpec, model: str, prompt_ids: list[int], args: argpa
         return runtime.loop.submit(coro).result()
 
     def paths(tokens: int) -> list[tuple[str, str, Any]]:
-        kw = P.sampling(tokens)
-        return [
-            ("Engine.astream", "async", P.engine_async(engine, tokens)),
-            ("Engine.stream", "sync", P.engine_sync(engine, tokens)),
-            ("ChatVLLM.astream", "async", P.langchain_async(chat, tokens, **kw)),
-            ("ChatVLLM.stream", "sync", P.langchain_sync(chat, tokens, **kw)),
-            ("VLLM.astream_chat", "async", P.llama_index_async(li, tokens)),
-            ("VLLM.stream_chat", "sync", P.llama_index_sync(li, tokens)),
-        ]
+        return inline_paths(engine, chat, li, tokens)
 
     async def main() -> list[dict[str, Any]]:
         on_engine_loop(P.run_async_load(P.raw_request(runtime.llm, prompt_ids, WARMUP[1]), WARMUP[0], 1))
