@@ -38,7 +38,6 @@ __all__ = ["Runtime", "require_runner", "start_runtime"]
 logger = logging.getLogger("vllm_inline")
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-_SHUTDOWN_TIMEOUT_S = 3.0
 
 
 @dataclass(eq=False)
@@ -135,15 +134,16 @@ class Runtime:
         """Cancel the work in flight, stop vLLM and the loop thread (call once)."""
         self.closing = True
         llm = self.llm
+        from . import _vllm_quiet
 
         async def close() -> None:
             for task in list(self.tasks):
                 task.cancel()
             if self.tasks:
                 await asyncio.wait(list(self.tasks), timeout=5)
-            # vLLM waits 5 s for the engine-core process by default and then kills it anyway
-            # (its worker has exited by then); 3 s lets a script end sooner.
-            llm.shutdown(timeout=_SHUTDOWN_TIMEOUT_S)
+            # Returns as soon as vLLM's processes are down. Killed before their own teardown
+            # ends, they leave shared memory and a lock behind, reported as leaked at exit.
+            llm.shutdown(timeout=_vllm_quiet.shutdown_timeout())
 
         try:
             self.loop.submit(close()).result(timeout=30)
@@ -261,9 +261,13 @@ async def _build(
     # Built on the loop thread, so vLLM's output handler binds to this loop. vLLM is first
     # imported here too: some of its modules keep import-time tracebacks, which would keep
     # the caller's frames (and through them the engine) alive until interpreter exit.
+    from . import _vllm_quiet
+
+    _vllm_quiet.install_filters()  # before vLLM's import, which logs
     from . import _vllm, _vllm_platform
 
     _vllm.check_engine_kwargs(model, vllm_kwargs)
     # Measured before anything is spawned: a request for more memory than is free fails here.
     defaults = _vllm_platform.decide_engine_kwargs(model, vllm_kwargs)
-    return _vllm.start_engine(model, defaults.kwargs, stats, defaults.environment), defaults
+    environment = {**_vllm_quiet.engine_environment(), **defaults.environment}
+    return _vllm.start_engine(model, defaults.kwargs, stats, environment), defaults

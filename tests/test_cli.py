@@ -45,6 +45,8 @@ def test_demo_streams_through_engine_langchain_and_llama_index(tmp_path: Path) -
         assert int(match[1]) == len(SCENARIOS["demo"].script[: SCENARIOS["demo"].script.index("<|eot_id|>") + 1])
     assert "hallucinated" not in out  # the invented turn after <|eot_id|> never shows
     assert "Starting vLLM" in result.stderr  # the progress line
+    # The demo model's generation_config.json sets temperature 0.6 and top_p 0.9: used, and said.
+    assert "Sampling: temperature=0.6, top_p=0.9 (the model's generation_config.json)" in out
 
 
 def test_chat_answers_a_line_from_stdin(tmp_path: Path) -> None:
@@ -60,3 +62,15 @@ def test_help_lists_both_commands() -> None:
     )
     assert result.returncode == 0
     assert "demo" in result.stdout and "chat" in result.stdout
+
+
+def test_demo_samples_greedily_when_the_model_sets_no_sampling_values() -> None:
+    """vLLM's own default is temperature 1.0, where a small real model rambles."""
+    from vllm_inline.cli import demo_sampling
+
+    sampling, line = demo_sampling({"repetition_penalty": 1.05, "max_tokens": 64})
+    assert sampling == {"temperature": 0.0}
+    assert line.startswith("Sampling: greedy, temperature=0")
+    sampling, line = demo_sampling({"top_k": 64, "top_p": 0.95})  # Gemma 3's own values
+    assert sampling == {}
+    assert line == "Sampling: top_p=0.95, top_k=64 (the model's generation_config.json)"

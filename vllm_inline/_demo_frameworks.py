@@ -23,7 +23,7 @@ def _summary(
     )
 
 
-def run_langchain(engine: Any, question: str, max_tokens: int = 128) -> str:
+def run_langchain(engine: Any, question: str, max_tokens: int = 128, **sampling: Any) -> str:
     """Stream ``ChatPromptTemplate | ChatVLLM | StrOutputParser`` to stdout, then its usage."""
     from langchain_core.callbacks import BaseCallbackHandler
     from langchain_core.output_parsers import StrOutputParser
@@ -42,7 +42,9 @@ def run_langchain(engine: Any, question: str, max_tokens: int = 128) -> str:
     prompt = ChatPromptTemplate.from_messages(
         [("system", "You are a concise assistant."), ("human", "{question}")]
     )
-    llm = ChatVLLM(model=engine.model, vllm_kwargs=engine.vllm_kwargs, max_tokens=max_tokens)
+    llm = ChatVLLM(
+        model=engine.model, vllm_kwargs=engine.vllm_kwargs, max_tokens=max_tokens, **sampling
+    )
     chain = prompt | llm | StrOutputParser()
     usage = Usage()
     start = time.perf_counter()
@@ -61,13 +63,13 @@ def run_langchain(engine: Any, question: str, max_tokens: int = 128) -> str:
     return "".join(pieces)
 
 
-def run_llama_index(engine: Any, question: str, max_tokens: int = 128) -> str:
+def run_llama_index(engine: Any, question: str, max_tokens: int = 128, **sampling: Any) -> str:
     """Stream ``VLLM.stream_chat`` to stdout, then its usage."""
     from llama_index.core.llms import ChatMessage
 
     from vllm_inline.integrations.llama_index import VLLM
 
-    llm = VLLM(model=engine.model, vllm_kwargs=engine.vllm_kwargs, max_tokens=max_tokens)
+    llm = VLLM(model=engine.model, vllm_kwargs=engine.vllm_kwargs, max_tokens=max_tokens, **sampling)
     messages = [
         ChatMessage(role="system", content="You are a concise assistant."),
         ChatMessage(role="user", content=question),
@@ -91,9 +93,10 @@ def run_llama_index(engine: Any, question: str, max_tokens: int = 128) -> str:
     return (last.message.content or "") if last is not None else ""
 
 
-def run(engine: Any, question: str) -> None:
-    """Both framework parts of the demo, on ``engine``."""
+def run(engine: Any, question: str, max_tokens: int = 128, **sampling: Any) -> None:
+    """Both framework parts of the demo, on ``engine``; ``sampling`` as the integrations'
+    fields (``temperature=0.0`` for greedy)."""
     print(f"\n== LangChain: ChatPromptTemplate | ChatVLLM | StrOutputParser, streamed: {question}")
-    run_langchain(engine, question)
+    run_langchain(engine, question, max_tokens, **sampling)
     print(f"\n== LlamaIndex: VLLM.stream_chat: {question}")
-    run_llama_index(engine, question)
+    run_llama_index(engine, question, max_tokens, **sampling)

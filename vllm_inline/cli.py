@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .testing import build_scripted_model
@@ -22,6 +22,9 @@ from .testing import build_scripted_model
 __all__ = ["main"]
 
 DEMO_QUESTION = "What does vllm-inline do?"
+DEMO_MAX_TOKENS = 128
+_SHAPING = ("temperature", "top_p", "top_k", "min_p")
+"""generation_config.json values that shape the sampling distribution."""
 
 
 def resolve_model(model: str | None, scenario: str = "demo") -> str:
@@ -102,15 +105,34 @@ def _stream_answer(engine, messages: list[dict[str, Any]], **sampling: Any) -> s
     return "".join(text)
 
 
+def demo_sampling(model_defaults: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """What the demo asks for on top of the engine's defaults, and a line that says so.
+
+    ``model_defaults`` are the sampling values of the model's ``generation_config.json``. When
+    it sets none of those that shape the distribution, vLLM samples at temperature 1.0, where a
+    small model rambles: the demo then decodes greedily instead.
+    """
+    own = {key: model_defaults[key] for key in _SHAPING if key in model_defaults}
+    if own:
+        shown = ", ".join(f"{key}={value}" for key, value in own.items())
+        return {}, f"Sampling: {shown} (the model's generation_config.json)"
+    return {"temperature": 0.0}, (
+        "Sampling: greedy, temperature=0 (the model's generation_config.json sets no "
+        "temperature, top_p, top_k or min_p; vLLM's default would be temperature=1.0)"
+    )
+
+
 def demo(model: str | None) -> int:
     """Stream one answer from the engine, then the same through LangChain and LlamaIndex."""
     engine = _start_engine(model)
+    sampling, line = demo_sampling(engine.runtime.model_defaults)
+    print(line, flush=True)
     messages = [{"role": "user", "content": DEMO_QUESTION}]
     print(f"\n== vllm_inline.engine: {DEMO_QUESTION}")
-    _stream_answer(engine, messages, max_tokens=128)
+    _stream_answer(engine, messages, max_tokens=DEMO_MAX_TOKENS, **sampling)
     from . import _demo_frameworks
 
-    _demo_frameworks.run(engine, DEMO_QUESTION)
+    _demo_frameworks.run(engine, DEMO_QUESTION, max_tokens=DEMO_MAX_TOKENS, **sampling)
     engine.shutdown()
     return 0
 
@@ -118,6 +140,8 @@ def demo(model: str | None) -> int:
 def chat(model: str | None) -> int:
     """An interactive multi-turn chat; an empty line or EOF ends it."""
     engine = _start_engine(model)
+    sampling, line = demo_sampling(engine.runtime.model_defaults)
+    print(line, flush=True)
     messages: list[dict[str, Any]] = []
     print("Type a message (empty line to quit).")
     while True:
@@ -129,7 +153,7 @@ def chat(model: str | None) -> int:
             break
         messages.append({"role": "user", "content": line})
         print("assistant> ", end="", flush=True)
-        answer = _stream_answer(engine, messages)
+        answer = _stream_answer(engine, messages, **sampling)
         messages.append({"role": "assistant", "content": answer})
     engine.shutdown()
     return 0
@@ -160,9 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help='engine options as JSON, e.g. \'{"max_model_len": 4096}\' (default: none)')
     p.add_argument("--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)")
     args = parser.parse_args(argv)
-    if not args.verbose:
-        # Read by vLLM when it is first imported (here and in its engine-core process).
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    if args.verbose:
+        # The engine keeps vLLM at ERROR unless this is set (vllm_inline/engine/_vllm_quiet.py).
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     if args.command == "check":
         return check(args.model, args.vllm_kwargs, args.tool_parser, args.max_tokens)
     return demo(args.model) if args.command == "demo" else chat(args.model)
