@@ -65,6 +65,10 @@ CONTRACT: tuple[Use, ...] = (
     _u("vllm.envs", "disable_envs_cache"),
     _u("vllm.envs", "enable_envs_cache"),
     _u("vllm.envs", "VLLM_ENGINE_READY_TIMEOUT_S"),
+    # engine/_vllm_quiet.py names these as strings (it must not import vLLM): the variables it
+    # sets or reads for the engine's processes
+    _u("vllm.envs", "VLLM_LOGGING_LEVEL"),
+    _u("vllm.envs", "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"),
     _u("vllm.exceptions", "VLLMValidationError", members=("parameter", "value")),
     _u("vllm.lora.request", "LoRARequest"),
     _u("vllm.platforms", "current_platform"),
