@@ -1,7 +1,7 @@
 """This tree against another version of vllm-inline, paired: ``make bench-compare REF=<ref>``.
 
-    python benchmarks/compare.py --ref 2781d6f                 # the default run
-    python benchmarks/compare.py --ref 2781d6f --quick         # a smoke run (~3 min)
+    python benchmarks/compare.py --ref 2781d6f                 # the default run (14.4 min here)
+    python benchmarks/compare.py --ref 2781d6f --quick         # a smoke run (5 min on a busy host)
     python benchmarks/compare.py --ref HEAD~3 --paths ChatVLLM.stream,ChatVLLM.astream --pairs 8
 
 REF is checked out into a git worktree in a temporary directory (removed at the end, also on
