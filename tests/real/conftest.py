@@ -6,8 +6,9 @@ these modules. Every test here is marked ``real``.
 The checkpoints are built once per machine (:mod:`checkpoints`); when the registry cannot be
 reached every test that needs one is skipped with that reason. Engines are shared through
 :func:`vllm_inline.engine.get_engine` like in the rest of the suite: the tests start Gemma 3 with
-the engine's own CPU defaults (the README snippet: no ``vllm_kwargs``), Gemma 3 in float32 (see
-:data:`GEMMA_OPTIONS`) and MiniLM, each once per session, and shut them down at the end.
+the engine's own CPU defaults (the README snippet: no ``vllm_kwargs``), Gemma 3 in float32
+(``test_real_parity.GEMMA_OPTIONS``) and MiniLM on its CPU defaults, each once per session, and
+shut them down at the end; ``python -m vllm_inline check`` starts a fourth in its own process.
 """
 
 from __future__ import annotations
