@@ -57,9 +57,11 @@ CHECKED_SRC := $(COMPAT_VENV)/vllm-$(VLLM_CHECKED)-src
 COMPAT_TESTS := tests/test_vllm_contract.py tests/test_engine_streaming.py \
 	tests/test_engine_tools.py tests/test_final_only.py tests/test_langchain_chat.py \
 	tests/test_llama_index_llm.py tests/test_embeddings.py tests/test_rerank.py tests/test_lora.py
-# LangGraph's checkpoint serializer (4.3, which pip pairs with langchain 1.0.4) calls
-# langchain-core's Reviver(allowed_objects=...), which langchain-core 1.0.0 lacks: LangChain's
-# agents fail to import at the minimum, whatever the model. Our agent test runs in `make test`.
+# LangChain's agents (`langchain` -> LangGraph) cannot be imported at langchain-core 1.0.0:
+# langgraph-checkpoint 4.3 (which declares langchain-core>=0.2.38) calls langchain-core's
+# Reviver(allowed_objects=...), added after 1.0.0. Installed, `langchain` also breaks LlamaIndex's
+# embedding resolver (it imports LangChain's bridge when `langchain` is present), so the compat
+# environment leaves `langchain` out and its agent test runs in `make test` only.
 COMPAT_DESELECT := --deselect tests/test_langchain_chat.py::test_agent_runs_the_tool_and_answers
 
 $(COMPAT_STAMP): pyproject.toml Makefile tests/min_versions.py

@@ -3,8 +3,8 @@
 As LangChain's monorepo does for its partner packages: the minimum of every declared range of
 the runtime and framework dependencies is installed and tested, so the lower bounds are true.
 ``--test-tools`` prints the test requirements the compat subset needs (pytest and its plugins,
-LangChain's agent and retriever packages), which are not pinned to their minimum: pip resolves
-them against the pinned minimums.
+LangChain's retrievers), which are not pinned to their minimum: pip resolves them against the
+pinned minimums. ``langchain`` itself (agents) is left out: see the Makefile's COMPAT_DESELECT.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tomllib
 
 PINNED = ("transformers", "pydantic", "langchain-core", "llama-index-core")
 """The dependencies whose minimum is installed."""
-TEST_TOOLS = ("pytest", "pytest-asyncio", "hypothesis", "langchain", "langchain-classic")
+TEST_TOOLS = ("pytest", "pytest-asyncio", "hypothesis", "langchain-classic")
 """What the compat subset needs to run, from the ``test`` extra."""
 
 
