@@ -3,6 +3,8 @@
     python benchmarks/compare.py --ref 2781d6f                 # the default run (14.4 min here)
     python benchmarks/compare.py --ref 2781d6f --quick         # a smoke run (5 min on a busy host)
     python benchmarks/compare.py --ref HEAD~3 --paths ChatVLLM.stream,ChatVLLM.astream --pairs 8
+    python benchmarks/compare.py --ref 2781d6f --paths ChatVLLM.stream --concurrency 16 \
+        --resolve 0.05 --budget-min 30                         # rounds until +-5 % or 30 min
 
 REF is checked out into a git worktree in a temporary directory (removed at the end, also on
 error). Three child processes then run side by side, each with an engine of its own started
@@ -30,10 +32,21 @@ run and the ``this'`` run (``REF, this, this'`` or ``this', this, REF``, alterna
 after a pause of ``bulk.SETTLE_S`` (an engine's processes spin for a second after a run).
 Ratio ``this/REF`` = tok/s of ``this`` over that of the ``REF`` run next to it; the A/A ratio
 ``this/this'`` is taken the same way, so its spread is what this host resolves. The order of
-the (path, load) cells rotates from one round to the next. A line is flagged ``SLOWER`` when
-the median of its ``this/REF`` ratios is below 0.95 and below the lowest of its A/A ratios
-(``faster`` likewise above 1/0.95 and the highest); with fewer than ``MIN_PAIRS`` rounds
-or no A/A line the flag carries a question mark. Client CPU is the calling process's CPU
+the (path, load) cells rotates from one round to the next.
+
+Statistics: each line's ``this/REF`` and A/A figure is the median of its ratios, with a 95 %
+confidence interval of that median from order statistics (:func:`median_ci`; no assumption on
+the distribution, none below 6 pairs). Its resolution is ``max(median/lo, hi/median) - 1``
+(0.05: the median is known to +-5 %). At a paired ratio's log-sd of 0.14 (this host) it takes
+about 80 pairs to reach +-5 %, about 36 for +-8 %. A line is flagged ``SLOWER`` when its median
+``this/REF`` is below 0.95 and below the A/A band: the A/A median's 95 % interval, or the A/A
+ratios' min-max below 6 pairs (``faster`` likewise above 1/0.95 and above the band); with fewer
+than ``MIN_PAIRS`` pairs or no A/A line the flag carries a question mark. A line is
+``resolved``, a stricter statement than the flag, when its ``this/REF`` resolution is at most
+``--resolve`` (or 0.05). With ``--resolve FRACTION``, after ``--pairs`` rounds more rounds
+follow, over the lines whose ``this/REF`` or A/A resolution is none or above FRACTION only,
+until all are resolved or the next round would end after ``--budget-min`` minutes (default 30)
+from the first round. Client CPU is the calling process's CPU
 time (the engine core and worker are other processes), per token for streaming (as in
 ``run.py``) and per input for bulk (as in ``bulk.py``): the median over the rounds, per side.
 
@@ -218,13 +231,42 @@ def cells(args: argparse.Namespace) -> list[tuple[str, int]]:
 
 
 def measure(children: dict[str, Child], args: argparse.Namespace) -> list[dict[str, Any]]:
-    """``args.pairs`` rounds over every cell; in each, the three sides one after the other."""
+    """``args.pairs`` rounds over every cell; in each, the three sides one after the other.
+
+    With ``args.resolve``, more rounds follow, each over the lines not yet resolved
+    (:func:`unresolved`) only, until every line is or the next round would end after
+    ``args.budget_min`` minutes from the first round (at the mean time per line so far). Each
+    line still gets consecutive round numbers, so its order keeps alternating."""
     todo = cells(args)
     sides = [s for s in SIDES if s in children]
-    runs = []
-    for rnd in range(args.pairs):
+    runs: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    line_s, lines_run = 0.0, 0  # time spent on single lines (all sides, pauses included)
+    rnd = 0
+    while True:
         shift = rnd % len(todo)
-        for path, load in todo[shift:] + todo[:shift]:
+        rotated = todo[shift:] + todo[:shift]
+        if rnd >= args.pairs:
+            if not args.resolve:
+                break
+            left = unresolved(runs, todo, args.resolve)
+            if not left:
+                log(f"all {len(todo)} lines resolved to {pct(args.resolve)} after {rnd} rounds")
+                break
+            spent = time.perf_counter() - started
+            next_s = len(left) * line_s / lines_run if lines_run else 0.0
+            if spent + next_s > 60 * args.budget_min:
+                log(f"budget of {args.budget_min:g} min: {spent / 60:.1f} min spent, the next "
+                    f"round (~{next_s / 60:.1f} min) would end after it; stopping with "
+                    f"{len(left)} of {len(todo)} lines not resolved to {pct(args.resolve)}")
+                break
+            log(f"round {rnd} added for {len(left)} of {len(todo)} lines not resolved to "
+                f"{pct(args.resolve)} ({spent / 60:.1f} of {args.budget_min:g} min spent): "
+                + ", ".join(f"{path} {load} {pct(ab)}" + ("" if aa is None else f"/A/A {pct(aa)}")
+                            for (path, load), (ab, aa) in left.items()))
+            rotated = [cell for cell in rotated if cell in left]
+        for path, load in rotated:
+            t0 = time.perf_counter()
             # Each line's order alternates from round to round (and between neighbouring lines).
             order = sides if (rnd + todo.index((path, load))) % 2 == 0 else sides[::-1]
             got = {}
@@ -239,7 +281,47 @@ def measure(children: dict[str, Child], args: argparse.Namespace) -> list[dict[s
                 if other in got:
                     line += f"; {name} {got['this']['tok_s'] / got[other]['tok_s']:.2f}"
             log(line)
+            line_s += time.perf_counter() - t0
+            lines_run += 1
+        rnd += 1
     return runs
+
+
+def median_ci(values: list[float]) -> tuple[float, float] | None:
+    """A distribution-free 95 % confidence interval of the median of ``values``, or ``None``.
+
+    From order statistics: with ``n`` values sorted ``x_(1) <= ... <= x_(n)`` (1-based), ``k``
+    is the largest integer with ``P(Binomial(n, 1/2) <= k - 1) <= 0.025``, and the interval is
+    ``[x_(k), x_(n-k+1)]``. It covers the true median at least 95 % of the time whatever the
+    distribution, as long as the values are independent draws from it. Below 6 values even
+    ``[min, max]`` covers less than 95 %: then there is none (``None``)."""
+    n = len(values)
+    xs = sorted(values)
+    k, below = 0, 0  # below: the count of outcomes with Binomial(n, 1/2) <= k, times 2**n
+    while k < n:
+        below += math.comb(n, k)
+        if 40 * below > 2 ** n:  # P(Binomial(n, 1/2) <= k) > 0.025, exactly
+            break
+        k += 1
+    if k == 0:
+        return None
+    return xs[k - 1], xs[n - k]
+
+
+def resolution(values: list[float]) -> float | None:
+    """How finely the median of ``values`` is known: ``max(median/lo, hi/median) - 1`` for the
+    95 % interval ``[lo, hi]`` of :func:`median_ci` (0.05: +-5 %); ``None`` without one."""
+    ci = median_ci(values)
+    if ci is None:
+        return None
+    median = statistics.median(values)
+    if ci[0] <= 0:
+        return math.inf
+    return max(median / ci[0], ci[1] / median) - 1
+
+
+RESOLVE = 0.05
+"""The resolution a line must reach to be called resolved when ``--resolve`` is not given."""
 
 
 def _ratios(runs: list[dict[str, Any]], other: str) -> list[float]:
@@ -250,15 +332,37 @@ def _ratios(runs: list[dict[str, Any]], other: str) -> list[float]:
                   if other in v and "this" in v and v[other])
 
 
+def _line(runs: list[dict[str, Any]], path: str, load: int) -> list[dict[str, Any]]:
+    return [r for r in runs if r["path"] == path and r["load"] == load]
+
+
+def unresolved(runs: list[dict[str, Any]], todo: list[tuple[str, int]],
+               target: float) -> dict[tuple[str, int], tuple[float | None, float | None]]:
+    """The lines of ``todo`` whose this/REF resolution, or A/A resolution when the line has A/A
+    runs, is ``None`` or above ``target``: line -> (this/REF resolution, A/A resolution)."""
+    left = {}
+    for cell in todo:
+        mine = _line(runs, *cell)
+        ab = resolution(_ratios(mine, "REF"))
+        aa_values = _ratios(mine, "this'")
+        aa = resolution(aa_values) if aa_values else None
+        if ab is None or ab > target or (aa_values and (aa is None or aa > target)):
+            left[cell] = (ab, aa)
+    return left
+
+
 def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
-    """One row per cell: median tok/s per side, paired ratios, CPU per side, the flag."""
+    """One row per cell: median tok/s per side, paired ratios with the 95 % interval of their
+    median (:func:`median_ci`) and its resolution, CPU per side, rounds, the flag, resolved."""
+    target = getattr(args, "resolve", None) or RESOLVE
     rows = []
     for path, load in cells(args):
-        mine = [r for r in runs if r["path"] == path and r["load"] == load]
+        mine = _line(runs, path, load)
         bulk_row = path in args.bulks
         cpu_key = "client_cpu_ms_per_input" if bulk_row else "client_cpu_us_per_tok"
         row: dict[str, Any] = {"path": path, "load": load, "bulk": bulk_row,
-                               "tokens_ok": all(r["tokens_ok"] for r in mine)}
+                               "tokens_ok": all(r["tokens_ok"] for r in mine),
+                               "pairs": len({r["round"] for r in mine})}
         for side in SIDES:
             runs_of = [r for r in mine if r["side"] == side]
             if runs_of:
@@ -267,9 +371,13 @@ def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[dict
         for key, other in (("ab", "REF"), ("aa", "this'")):
             values = _ratios(mine, other)
             if values:
+                ci = median_ci(values)
                 row[key] = {"median": statistics.median(values), "min": values[0],
-                            "max": values[-1], "ratios": values}
+                            "max": values[-1], "ci": list(ci) if ci else None,
+                            "resolution": resolution(values), "ratios": values}
         row["flag"] = _flag(row)
+        ab_res = row["ab"]["resolution"] if "ab" in row else None
+        row["resolved"] = ab_res is not None and ab_res <= target
         rows.append(row)
     return rows
 
@@ -278,36 +386,50 @@ MIN_PAIRS = 3
 """Fewer paired runs than this (or no A/A line) give a flag with a question mark only."""
 
 
+def aa_band(aa: dict[str, Any] | None) -> tuple[float, float] | None:
+    """What the host resolves on a line: the A/A median's 95 % interval when there is one (from
+    6 pairs on), else the A/A ratios' min-max; ``None`` without an A/A line."""
+    if aa is None:
+        return None
+    return tuple(aa["ci"]) if aa.get("ci") else (aa["min"], aa["max"])
+
+
 def _flag(row: dict[str, Any]) -> str:
+    """``SLOWER`` when the median this/REF is below ``LIMIT`` and below the A/A band
+    (:func:`aa_band`); ``faster`` when above ``1/LIMIT`` and above the band; a ``?`` with fewer
+    than ``MIN_PAIRS`` pairs or no A/A line."""
     ab, aa = row.get("ab"), row.get("aa")
     if ab is None:
         return ""
-    unsure = "?" if aa is None or len(ab["ratios"]) < MIN_PAIRS else ""
-    if ab["median"] < LIMIT and (aa is None or ab["median"] < aa["min"]):
+    band = aa_band(aa)
+    unsure = "?" if band is None or len(ab["ratios"]) < MIN_PAIRS else ""
+    if ab["median"] < LIMIT and (band is None or ab["median"] < band[0]):
         return "SLOWER" + unsure
-    if ab["median"] > 1 / LIMIT and (aa is None or ab["median"] > aa["max"]):
+    if ab["median"] > 1 / LIMIT and (band is None or ab["median"] > band[1]):
         return "faster" + unsure
     return ""
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    def span(fig: dict[str, float] | None) -> str:
+    def span(fig: dict[str, Any] | None) -> str:
         if fig is None:
             return "-"
+        if fig.get("ci"):
+            return f"{fig['median']:.2f} [{fig['ci'][0]:.2f}-{fig['ci'][1]:.2f}]"
         return f"{fig['median']:.2f} ({fig['min']:.2f}-{fig['max']:.2f})"
 
     def side(row: dict[str, Any], s: str, f: str, fmt: str) -> str:
         return fmt.format(row[s][f]) if s in row and not math.isnan(row[s][f]) else "-"
 
-    header = ["path", "load", "this tok/s", "REF tok/s", "this/REF (range)", "A/A (range)",
-              "CPU this", "CPU REF", "CPU unit", "flag"]
+    header = ["path", "load", "this tok/s", "REF tok/s", "this/REF [95% CI]", "A/A [95% CI]",
+              "pairs", "CPU this", "CPU REF", "CPU unit", "flag"]
     lines = [header]
     for r in rows:
         lines.append([
             r["path"] + ("" if r["tokens_ok"] else " (!tokens)"),
             f"{'n' if r['bulk'] else 'c'}={r['load']}",
             side(r, "this", "tok_s", "{:.0f}"), side(r, "REF", "tok_s", "{:.0f}"),
-            span(r.get("ab")), span(r.get("aa")),
+            span(r.get("ab")), span(r.get("aa")), str(r["pairs"]),
             side(r, "this", "cpu", "{:.2f}" if r["bulk"] else "{:.0f}"),
             side(r, "REF", "cpu", "{:.2f}" if r["bulk"] else "{:.0f}"),
             "ms/input" if r["bulk"] else "us/tok", r["flag"],
@@ -315,11 +437,31 @@ def table(rows: list[dict[str, Any]]) -> str:
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     out = []
     for k, line in enumerate(lines):
-        out.append("  ".join(v.ljust(w) if i in (0, 1, 8, 9) else v.rjust(w)
+        out.append("  ".join(v.ljust(w) if i in (0, 1, 9, 10) else v.rjust(w)
                              for i, (v, w) in enumerate(zip(line, widths))).rstrip())
         if k == 0:
             out.append("  ".join("-" * w for w in widths))
     return "\n".join(out)
+
+
+def pct(x: float | None) -> str:
+    """A resolution as ``+-4.8 %`` (``-`` for none)."""
+    return "-" if x is None else f"\u00b1{100 * x:.1f} %"
+
+
+def resolution_line(rows: list[dict[str, Any]], target: float) -> str:
+    """One line under the table: each line's this/REF resolution (and A/A's), its pairs, and
+    ``resolved`` when this/REF is known to ``target`` or better."""
+    parts = []
+    for r in rows:
+        ab, aa = r.get("ab"), r.get("aa")
+        part = f"{r['path']} {'n' if r['bulk'] else 'c'}={r['load']} {pct(ab and ab['resolution'])}"
+        if aa is not None:
+            part += f" (A/A {pct(aa['resolution'])})"
+        part += f" in {r['pairs']} pairs" + (", resolved" if r["resolved"] else "")
+        parts.append(part)
+    return (f"resolution (95% CI of the median this/REF, as max(median/lo, hi/median) - 1; "
+            f"resolved: {pct(target)} or better; no CI below 6 pairs): " + "; ".join(parts))
 
 
 # -- main ---------------------------------------------------------------------------------------
@@ -336,7 +478,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--this", help="measure this git ref (checked out into a worktree too) "
                     "instead of the working tree")
     ap.add_argument("--model", default="tiny", help="a models.SPECS name: " + ", ".join(SPECS))
-    ap.add_argument("--pairs", type=int, default=3, help="rounds: paired runs per line")
+    ap.add_argument("--pairs", type=int, default=3,
+                    help="rounds: paired runs per line (the minimum with --resolve)")
+    ap.add_argument("--resolve", type=float, metavar="FRACTION",
+                    help="after --pairs rounds, add rounds for the lines whose this/REF or A/A "
+                    "median is not yet known to +-FRACTION (95%% CI; e.g. 0.05), until all are "
+                    "or --budget-min is spent")
+    ap.add_argument("--budget-min", type=float, metavar="MINUTES",
+                    help="with --resolve: wall minutes from the first round; no round is "
+                    "added that would end after them, at the time per line so far (default 30)")
     ap.add_argument("--concurrency", default="1,16", help="streaming loads")
     ap.add_argument("--sizes", default="256", help="bulk inputs")
     ap.add_argument("--tokens", type=int, default=None,
@@ -373,6 +523,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.sizes = [int(n) for n in args.sizes.split(",") if n]
     if not args.child and not args.ref:
         ap.error("--ref is required")
+    if args.resolve is not None and not 0 < args.resolve < 1:
+        ap.error("--resolve takes a fraction between 0 and 1, e.g. 0.05")
+    if args.budget_min is not None and args.resolve is None:
+        ap.error("--budget-min only goes with --resolve")
+    if args.budget_min is not None and args.budget_min <= 0:
+        ap.error("--budget-min takes a positive number of minutes")
+    if args.resolve is not None and args.budget_min is None:
+        args.budget_min = 30.0
     if not args.child and not cells(args):
         ap.error("nothing to measure: every path skipped")
     return args
@@ -402,8 +560,10 @@ def main(argv: list[str] | None = None) -> int:
     spec = ModelSpec(spec.name, spec.layers, spec.hidden, spec.intermediate, args.tokens)
     model = str(build_model(spec))
     load_before = os.getloadavg()
+    adaptive = (f" (then more, to {pct(args.resolve)}, within {args.budget_min:g} min)"
+                if args.resolve else "")
     log(f"this: {this_name}; REF: {args.ref} ({ref_sha}); {args.model}, {len(cells(args))} "
-        f"lines x {args.pairs} rounds; load average {load_before[0]:.1f}")
+        f"lines x {args.pairs} rounds{adaptive}; load average {load_before[0]:.1f}")
     children: dict[str, Child] = {}
     worktrees: list[pathlib.Path] = []
     with tempfile.TemporaryDirectory(prefix="vllm-inline-compare-") as tmp:
@@ -438,18 +598,25 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     load_after = os.getloadavg()
     rows = summarize(runs, args)
+    pairs = sorted(r["pairs"] for r in rows)
+    rounds = (f"{pairs[0]} rounds" if pairs[0] == pairs[-1]
+              else f"{pairs[0]}-{pairs[-1]} rounds per line")
+    if args.resolve:
+        rounds += f" (--resolve {args.resolve:g}, budget {args.budget_min:g} min)"
     aa = [x for r in rows if "aa" in r for x in r["aa"]["ratios"]]
     flagged = [f"{r['path']} {r['load']}{r['flag'][6:]}" for r in rows
                if r["flag"].startswith("SLOWER")]
     text = "\n".join([
         (f"== this: {this_name}; REF: {args.ref} ({ref_sha}); {args.model}, {args.tokens} tokens per streamed request, "
-         f"{args.bulk_tokens} per bulk input; {args.pairs} rounds; ratios are medians of the "
-         "paired runs (range) =="),
+         f"{args.bulk_tokens} per bulk input; {rounds}; ratios are medians of the "
+         "paired runs [95% CI of the median] or (min-max) below 6 pairs =="),
         table(rows),
         "",
+        resolution_line(rows, args.resolve or RESOLVE),
         f"A/A ratios over all lines: {min(aa):.2f}-{max(aa):.2f}" if aa else "no A/A line (--no-aa)",
-        (f"flagged: {', '.join(flagged) or 'none'} (median this/REF < {LIMIT} and below the A/A "
-         f"band; ?: fewer than {MIN_PAIRS} pairs or no A/A)"),
+        (f"flagged: {', '.join(flagged) or 'none'} (SLOWER: median this/REF < {LIMIT} and below "
+         f"the A/A band, the A/A median's 95% CI, or the A/A min-max below 6 pairs; faster: "
+         f"> 1/{LIMIT} and above it; ?: fewer than {MIN_PAIRS} pairs or no A/A)"),
         (f"{elapsed / 60:.1f} min; load average (1 min) {load_before[0]:.1f} at the start, "
          f"{load_after[0]:.1f} at the end, on {os.cpu_count()} CPUs ({run._cpu_model()})"),
     ])
@@ -464,7 +631,9 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
         "elapsed_s": round(elapsed, 1), "load_average": [load_before, load_after],
         "engine_options": run.ENGINE_OPTIONS, "model": args.model, "tokens": args.tokens,
-        "bulk_tokens": args.bulk_tokens, "pairs": args.pairs, "settle_s": bulk.SETTLE_S,
+        "bulk_tokens": args.bulk_tokens, "pairs": args.pairs, "resolve": args.resolve,
+        "budget_min": args.budget_min, "rounds": 1 + max((r["round"] for r in runs), default=-1),
+        "settle_s": bulk.SETTLE_S,
         "rounds_per_stream": {c: run.rounds_for(c) for c in args.concurrency},
     }
     stem.with_suffix(".json").write_text(
