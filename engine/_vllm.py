@@ -218,8 +218,14 @@ async def render_chat(
     chat_template: str | None,
     chat_template_kwargs: Mapping[str, Any] | None,
     tools: list[dict[str, Any]] | None,
+    offload: bool = True,
 ) -> Any:
-    """Render ``messages`` with the model's template through vLLM's renderer; an engine input."""
+    """Render ``messages`` with the model's template through vLLM's renderer; an engine input.
+
+    ``offload``: through the renderer's async entry point, which tokenizes (and loads media)
+    in its thread pool, as vLLM's server does; ``False``: through its sync entry point, as
+    ``vllm.LLM.chat`` does, on the calling thread (the engine loop), with the same result.
+    """
     renderer = llm.renderer
     params = ChatParams(
         chat_template=chat_template,
@@ -232,9 +238,11 @@ async def render_chat(
     )
     # The template emits BOS itself, as in vLLM's chat API.
     tok_params = renderer.default_chat_tok_params.with_kwargs(add_special_tokens=False)
-    _, (engine_input,) = await renderer.render_chat_async(
-        [_renderer_copy(messages)], params, tok_params
-    )
+    conversations = [_renderer_copy(messages)]
+    if offload:
+        _, (engine_input,) = await renderer.render_chat_async(conversations, params, tok_params)
+    else:
+        _, (engine_input,) = renderer.render_chat(conversations, params, tok_params)
     return engine_input
 
 

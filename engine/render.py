@@ -22,7 +22,15 @@ from .request import Request
 from .runtime import Runtime
 from .templates import require_template, resolve_chat_template
 
-__all__ = ["prompt_token_ids", "render"]
+__all__ = ["OFFLOAD_CHARS", "prompt_token_ids", "render"]
+
+OFFLOAD_CHARS = 8192
+"""Chat messages with more text than this, or with images, are rendered by vLLM's async
+renderer, which tokenizes (and loads media) in its thread pool, so that the engine loop keeps
+serving other streams meanwhile. Shorter ones are rendered on the loop by the renderer's sync
+entry point (as ``vllm.LLM.chat`` renders): a short prompt takes less time to tokenize than the
+hops to the pool and back, whose tasks and thread switches were the largest cost vllm-inline
+added to a bulk call's client CPU (docs/performance.md, "Bulk")."""
 
 
 async def render(runtime: Runtime, request: Request) -> Any:
@@ -44,6 +52,7 @@ async def render(runtime: Runtime, request: Request) -> Any:
             chat_template=choice.template,
             chat_template_kwargs=request.chat_template_kwargs,
             tools=request.tools,
+            offload=bool(request.images) or _text_chars(request) > OFFLOAD_CHARS,
         )
     except VLLMInlineError:
         raise
@@ -66,6 +75,21 @@ async def render(runtime: Runtime, request: Request) -> Any:
             parameter="messages",
             value=None,
         ) from e
+
+
+def _text_chars(request: Request) -> int:
+    """The characters of a chat request's contents, tool-call arguments and tools: about the
+    size of what the template renders and the tokenizer encodes."""
+    total = len(str(request.tools)) if request.tools else 0
+    for message in request.messages or ():
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            total += sum(len(part.get("text") or "") for part in content if isinstance(part, dict))
+        for call in message.get("tool_calls") or ():
+            total += len(str(call.get("function", {}).get("arguments") or ""))
+    return total
 
 
 async def prompt_token_ids(runtime: Runtime, request: Request) -> list[int]:

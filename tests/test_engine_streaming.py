@@ -145,6 +145,29 @@ async def test_prompt_token_ids_are_what_a_request_prefills(scripted):
     assert info.value.parameter == "messages"
 
 
+def test_chat_prompts_render_alike_on_and_off_the_loop(scripted, monkeypatch):
+    """Short chat prompts are rendered on the engine loop, longer ones (and images) in vLLM's
+    renderer pool (``render.OFFLOAD_CHARS``): the same tokens either way."""
+    import importlib
+
+    seam = importlib.import_module("vllm_inline.engine._vllm")
+    render = importlib.import_module("vllm_inline.engine.render")
+    engine = scripted("chatml").engine
+    messages = [{"role": "system", "content": "Be brief."}, *USER]
+    offloaded = []
+    real = seam.render_chat
+
+    async def spy(*args, **kwargs):
+        offloaded.append(kwargs["offload"])
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(seam, "render_chat", spy)
+    on_the_loop = engine.prompt_token_ids(messages)
+    monkeypatch.setattr(render, "OFFLOAD_CHARS", len("Be brief.") + len(USER[0]["content"]) - 1)
+    assert engine.prompt_token_ids(messages) == on_the_loop
+    assert offloaded == [False, True]
+
+
 def test_a_sync_call_on_the_engine_loop_thread_is_refused(scripted):
     engine = scripted("chatml").engine
     ids = engine.prompt_token_ids(USER)

@@ -91,7 +91,7 @@ CONTRACT: tuple[Use, ...] = (
     _u("vllm.v1.engine.exceptions", "EngineDeadError"),
     _u("vllm.v1.engine.exceptions", "EngineGenerateError"),
     _u("vllm.renderers.base", "BaseRenderer", members=(
-        "render_chat_async", "render_cmpl_async", "default_chat_tok_params",
+        "render_chat", "render_chat_async", "render_cmpl_async", "default_chat_tok_params",
         "default_cmpl_tok_params",
     )),
     _u("vllm.config.model", "ModelConfig", members=(
