@@ -26,11 +26,11 @@ __all__ = ["OFFLOAD_CHARS", "prompt_token_ids", "render"]
 
 OFFLOAD_CHARS = 8192
 """Chat messages with more text than this, or with images, are rendered by vLLM's async
-renderer, which tokenizes (and loads media) in its thread pool, so that the engine loop keeps
-serving other streams meanwhile. Shorter ones are rendered on the loop by the renderer's sync
-entry point (as ``vllm.LLM.chat`` renders): a short prompt takes less time to tokenize than the
-hops to the pool and back, whose tasks and thread switches were the largest cost vllm-inline
-added to a bulk call's client CPU (docs/performance.md, "Bulk")."""
+renderer, which applies the template and tokenizes (and loads media) in its thread pool, so
+that the engine loop keeps serving other streams meanwhile. Shorter ones are rendered on the
+loop by the renderer's sync entry point (as ``vllm.LLM.chat`` renders): a short prompt takes
+less time to render than the hops to the pool and back, which showed as the tasks, futures and
+thread switches of a bulk call's profile (docs/performance.md, "Bulk")."""
 
 
 async def render(runtime: Runtime, request: Request) -> Any:

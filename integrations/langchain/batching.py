@@ -142,12 +142,17 @@ def batch(
     return_exceptions: bool = False,
     **kwargs: Any,
 ) -> list[Any]:
-    """The synchronous form of :func:`abatch` (see :func:`batch_as_completed`)."""
-    results: list[Any] = [None] * len(inputs)
-    for index, output in batch_as_completed(
-        ainvoke, inputs, config, return_exceptions=return_exceptions, **kwargs
-    ):
-        results[index] = output
+    """The synchronous form of :func:`abatch` (see :func:`batch_as_completed`). The worker
+    thread hands the outputs back as one list, not one by one: each handoff wakes this thread,
+    which then competes for the GIL with the threads doing the work."""
+    if not inputs:
+        return []
+    configs = get_config_list(config, len(inputs))  # here, so that its warnings name the caller
+
+    async def outputs() -> AsyncIterator[list[Any]]:
+        yield await abatch(ainvoke, inputs, configs, return_exceptions=return_exceptions, **kwargs)
+
+    (results,) = _on_own_loop(outputs)
     return results
 
 
