@@ -1,14 +1,33 @@
-"""Bulk generation: ``ChatVLLM.batch``/``abatch`` and LlamaIndex's bulk paths against
-``vllm.LLM.chat`` on the same list, for 16, 256 and 1,024 inputs.
+"""Bulk generation: ``ChatVLLM.batch``/``abatch`` and LlamaIndex's bulk path against vLLM's own
+async engine (the default) or against ``vllm.LLM.chat``, on the same list of N inputs.
 
-    python benchmarks/bulk.py                  # tiny model, 16/256/1024 inputs, 3 repeats
+    python benchmarks/bulk.py                  # against AsyncLLM.generate gathered, 256/1,024 inputs
+    python benchmarks/bulk.py --against llm    # against vllm.LLM.chat, 16/256/1,024 inputs
     python benchmarks/bulk.py --quick          # 16/128 inputs, 16 tokens, 1 repeat
     python benchmarks/bulk.py --model cpu-4x512 --sizes 64 --tokens 64
 
 Every path generates exactly ``--tokens`` tokens for each of the same N conversations
 (``"Write a short story about robot number i."``), with the same sampling values as
 ``benchmarks/run.py`` (``ignore_eos``, ``temperature=1.0``, ``repetition_penalty=1.0``), on
-engines started with the same options (``run.ENGINE_OPTIONS``):
+engines started with the same options (``run.ENGINE_OPTIONS``).
+
+``--against asyncllm`` (the default): the in-process limit. The reference is
+``AsyncLLM.generate`` gathered over the N conversations (rendered with the chat template, final
+output only, on the engine's own loop: no vllm-inline request path, no framework), on the very
+engine vllm-inline started, with vLLM's stats on as vllm-inline ships it. Every run of a path is
+paired with a reference run right before or right after it (alternately), in the same process
+on the same engine. The paths: ``ChatVLLM.batch``, ``ChatVLLM.abatch``, LlamaIndex
+``asyncio.gather`` over ``VLLM.achat``, and ``Engine.astream(stream=False)`` gathered (our
+engine alone, no framework) and the same two framework calls over ``bare_frameworks.py``'s
+bare models (the frameworks' own per-run work), for reading the others, plus the reference
+paired with itself (A/A). The targets: tok/s >= ``TARGET`` x the reference's and client CPU per input (the calling
+process's CPU time; the engine core and its worker are other processes) <= ``CPU_TARGET`` x
+the reference's, each judged on the median of the paired ratios. After the warm-up the heap is
+frozen (``gc.freeze()``, as vLLM's server does after start-up) and each timed run starts after
+a ``gc.collect()``, so that no run is charged for collecting the garbage of the run before it.
+Writes ``results/bulk-asyncllm.json``.
+
+``--against llm``: the reference is ``vllm.LLM.chat(list)``, vLLM's offline batch:
 
 - ``vllm.LLM.chat(list)``: vLLM's offline batch, the reference. It runs in a child process
   that stays up (an ``LLM`` and vllm-inline's ``AsyncLLM`` in one process would leave one
@@ -26,7 +45,7 @@ engines started with the same options (``run.ENGINE_OPTIONS``):
 - LlamaIndex ``QuestionsAnsweredExtractor`` over N nodes, with its default ``num_workers=4``
   and with ``num_workers=N`` (its own prompt, so compared with the other extractor run only).
 
-Each vllm-inline path runs twice (``--stats both``, the default): on the default engine, which
+Each vllm-inline path runs twice (``--stats both``, the default with ``--against llm``): on the default engine, which
 records vLLM's stats for ``Engine.stats()`` and Prometheus, and, named ``... [stats off]``, on
 an engine started with ``disable_log_stats=True``, which records none, as ``vllm.LLM`` (whose
 default that is). ``--stats on`` or ``--stats off`` runs one of them.
@@ -45,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import json
 import os
@@ -362,21 +382,168 @@ def measure_inline(
     return rows
 
 
+BASELINE = "AsyncLLM.generate gather (baseline)"
+"""vLLM's own async engine gathered over the N conversations: the in-process limit."""
+
+AGAINST_PATHS = ("ChatVLLM.batch", "ChatVLLM.abatch", "LlamaIndex gather(achat)",
+                 "Engine.astream gather (baseline)", "bare LangChain abatch (baseline)",
+                 "bare LlamaIndex gather(achat) (baseline)")
+"""The paths ``--against asyncllm`` measures (each paired with ``BASELINE``). The bare ones
+(``bare_frameworks.py``) are the frameworks' own per-run work around ``Engine.astream``: what
+``ChatVLLM`` and ``VLLM`` cost beyond them is ours."""
+
+
+def bare_paths(model: str, tokens: int, options: dict[str, Any]) -> dict[str, Callable[[int], int]]:
+    """LangChain's ``abatch`` (all at once) and LlamaIndex's gather over the bare models."""
+    from bare_frameworks import BareChatModel, BareLLM
+    from llama_index.core.base.llms.types import ChatMessage
+
+    from vllm_inline.engine import get_engine
+
+    engine = get_engine(model, **options)
+    chat, li = BareChatModel(engine=engine), BareLLM(engine=engine)
+    kw = sampling(tokens)
+    texts = prompts(MAX_INPUTS)
+
+    def lc_abatch(n: int) -> int:
+        return _lc_tokens(asyncio.run(chat.abatch(texts[:n], **kw)))
+
+    def li_gather(n: int) -> int:
+        async def go() -> list[Any]:
+            return await asyncio.gather(
+                *(li.achat([ChatMessage(role="user", content=t)], **kw) for t in texts[:n])
+            )
+
+        return sum(int(r.additional_kwargs["completion_tokens"]) for r in asyncio.run(go()))
+
+    return {"bare LangChain abatch (baseline)": lc_abatch,
+            "bare LlamaIndex gather(achat) (baseline)": li_gather}
+
+CPU_TARGET = 1.5
+"""Each bulk path's client CPU per input against ``BASELINE``'s, paired."""
+
+
+def measure_against_baseline(
+    model: str, sizes: list[int], tokens: int, repeats: int, skip: list[str]
+) -> list[dict[str, Any]]:
+    """One row per run of each path and size, each paired with a ``BASELINE`` run on the same
+    engine right before or right after it (alternately): same process, same engine, same
+    options (vLLM's stats on, as vllm-inline ships). The baseline is also paired with itself
+    (``BASELINE`` A/A): the ratios this host gives between two identical runs."""
+    from vllm_inline.engine import get_engine
+
+    log("vllm-inline: starting the engine")
+    engine = get_engine(model, **ENGINE_OPTIONS).start()
+    every = {**inline_paths(model, tokens, ENGINE_OPTIONS),
+             **bare_paths(model, tokens, ENGINE_OPTIONS)}
+    baseline = every[BASELINE]
+    paths = {k: every[k] for k in AGAINST_PATHS if not any(s in k for s in skip)}
+    paths = {BASELINE + " A/A": baseline, **paths}
+    for run in paths.values():
+        run(16)  # warm-up: kernels, prefix cache, lazy imports
+    # The heap as it stands (vLLM, torch, the frameworks) is left out of the collector's full
+    # passes, as vLLM's own server does after start-up; and each run starts with no garbage
+    # from the run before it, whose collection would otherwise be charged to whichever run
+    # comes next: a path's CPU then counts its own collections only.
+    gc.collect()
+    gc.freeze()
+
+    def timed(run: Callable[[int], int], n: int) -> tuple[float, float]:
+        gc.collect()
+        time.sleep(PAUSE_S)
+        t0, c0 = time.perf_counter(), time.process_time()
+        generated = run(n)
+        wall, used = time.perf_counter() - t0, time.process_time() - c0
+        assert generated == n * tokens, (generated, n * tokens)
+        return generated / wall, 1000 * used / n
+
+    rows: list[dict[str, Any]] = []
+    names = list(paths)
+    try:
+        for rep in range(repeats):
+            order = names[rep % len(names):] + names[:rep % len(names)]
+            for n in sizes:
+                for name in order:
+                    baseline_first = len(rows) % 2 == 0
+                    if baseline_first:
+                        ref = timed(baseline, n)
+                    tps, cpu_ms = timed(paths[name], n)
+                    if not baseline_first:
+                        ref = timed(baseline, n)
+                    rows.append({"path": name, "n": n, "rep": rep, "tok_s": tps,
+                                 "client_cpu_ms_per_input": cpu_ms, "reference_tok_s": ref[0],
+                                 "reference_client_cpu_ms_per_input": ref[1],
+                                 "reference_first": baseline_first, "ratio": tps / ref[0],
+                                 "cpu_ratio": cpu_ms / ref[1]})
+                    log(f"  {name:<42} n={n:<5} rep {rep}: {tps:8.0f} tok/s, client CPU "
+                        f"{cpu_ms:.2f} ms/input; baseline {ref[0]:8.0f} tok/s, {ref[1]:.2f} "
+                        f"ms/input ({'before' if baseline_first else 'after'}): "
+                        f"{tps / ref[0]:.2f}x tok/s, {cpu_ms / ref[1]:.2f}x CPU")
+    finally:
+        engine.shutdown()
+    return rows
+
+
+PAUSE_S = 0.3
+"""Pause before each run of ``--against asyncllm`` (one engine: no other engine spins)."""
+
+
+def against_baseline_report(rows: list[dict[str, Any]], sizes: list[int], elapsed: float,
+                            repeats: int) -> tuple[list[str], list[dict[str, Any]]]:
+    title = (f"\n== bulk against {BASELINE} on the same engine ({repeats} repeats, each run "
+             f"paired with a baseline run next to it; median of the paired ratios; "
+             f"{elapsed / 60:.1f} min) ==")
+    lines = [title]
+    for n in sizes:
+        ref = [r["reference_tok_s"] for r in rows if r["n"] == n]
+        ref_cpu = [r["reference_client_cpu_ms_per_input"] for r in rows if r["n"] == n]
+        lines.append(f"{'baseline':<42} n={n:<5} {min(ref):6.0f}-{max(ref):.0f} tok/s over "
+                     f"{len(ref)} runs; client CPU median {statistics.median(ref_cpu):.2f} ms/input")
+    summary = []
+    for name in dict.fromkeys(r["path"] for r in rows):
+        for n in sizes:
+            mine = [r for r in rows if r["path"] == name and r["n"] == n]
+            if not mine:
+                continue
+            ratios = sorted(r["ratio"] for r in mine)
+            cpu_ratios = sorted(r["cpu_ratio"] for r in mine)
+            median, cpu_median = statistics.median(ratios), statistics.median(cpu_ratios)
+            cpu = statistics.median(r["client_cpu_ms_per_input"] for r in mine)
+            if "(baseline)" in name or name.endswith("A/A"):
+                verdict = "(not ours: for reading the others)"
+            else:
+                verdict = (f"[tok/s >={TARGET}x: {'PASS' if median >= TARGET else 'MISS'}; "
+                           f"CPU <={CPU_TARGET}x: {'PASS' if cpu_median <= CPU_TARGET else 'MISS'}]")
+            lines.append(f"{name:<42} n={n:<5} {median:.2f}x tok/s ({min(ratios):.2f}-"
+                         f"{max(ratios):.2f}), client CPU {cpu:.2f} ms/input = {cpu_median:.2f}x "
+                         f"({min(cpu_ratios):.2f}-{max(cpu_ratios):.2f})  {verdict}")
+            summary.append({"path": name, "n": n, "median_ratio": median,
+                            "median_cpu_ratio": cpu_median, "client_cpu_ms_per_input": cpu,
+                            "best_tok_s": max(r["tok_s"] for r in mine)})
+    return lines, summary
+
+
 # -- main ---------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny", help="a models.SPECS name: " + ", ".join(SPECS))
-    ap.add_argument("--sizes", default="16,256,1024")
+    ap.add_argument("--against", choices=["asyncllm", "llm"], default="asyncllm",
+                    help="the reference: vLLM's AsyncLLM.generate gathered on the same engine "
+                    "(the in-process limit; default) or vllm.LLM.chat in a child process")
+    ap.add_argument("--sizes", default=None, help="inputs per call (default: 256,1024 against "
+                    "asyncllm, 16,256,1024 against llm)")
     ap.add_argument("--tokens", type=int, default=32, help="generated tokens per input")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="rounds over every path (default: 5 against asyncllm, 3 against llm)")
     ap.add_argument("--skip", default="", help="skip paths whose name contains these (comma-separated)")
     ap.add_argument("--stats", choices=["on", "off", "both"], default="both",
-                    help="vllm-inline engine with vLLM's stats (the default engine), with "
-                    "disable_log_stats=True (as vllm.LLM), or both, one after the other")
+                    help="--against llm: vllm-inline engine with vLLM's stats (the default "
+                    "engine), with disable_log_stats=True (as vllm.LLM), or both, one after the other")
     ap.add_argument("--no-aa", action="store_true",
-                    help="do not measure vllm.LLM.chat against a second engine of its own (A/A)")
+                    help="--against llm: do not measure vllm.LLM.chat against a second engine "
+                    "of its own (A/A)")
     ap.add_argument("--quick", action="store_true", help="sizes 16,128, 16 tokens, 1 repeat")
     ap.add_argument("--out", type=pathlib.Path, default=HERE / "results")
     ap.add_argument("--reference-child", metavar="MODEL", help=argparse.SUPPRESS)
@@ -386,7 +553,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.reference_child:
         reference_child(args.reference_child, args.tokens)
         return 0
+    args.sizes = args.sizes or ("256,1024" if args.against == "asyncllm" else "16,256,1024")
+    args.repeats = args.repeats or (5 if args.against == "asyncllm" else 3)
     sizes = [int(s) for s in args.sizes.split(",") if s]
+    if args.against == "asyncllm":
+        return main_against_baseline(args, sizes)
 
     started = time.perf_counter()
     model = str(build_model(SPECS[args.model]))
@@ -450,6 +621,25 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary, "runs": rows,
     }, indent=1) + "\n")
     log(f"wrote {args.out / 'bulk.json'}")
+    return 0
+
+
+def main_against_baseline(args: argparse.Namespace, sizes: list[int]) -> int:
+    started = time.perf_counter()
+    model = str(build_model(SPECS[args.model]))
+    log(f"{args.model}: {model}; sizes {sizes}, {args.tokens} tokens per input, against {BASELINE}")
+    skip = [s for s in args.skip.split(",") if s]
+    rows = measure_against_baseline(model, sizes, args.tokens, args.repeats, skip)
+    elapsed = time.perf_counter() - started
+    lines, summary = against_baseline_report(rows, sizes, elapsed, args.repeats)
+    print("\n".join(lines))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bulk-asyncllm.json").write_text(json.dumps({
+        "model": args.model, "tokens": args.tokens, "sizes": sizes, "repeats": args.repeats,
+        "against": BASELINE, "engine_options": ENGINE_OPTIONS, "elapsed_s": round(elapsed, 1),
+        "load_average": os.getloadavg(), "summary": summary, "runs": rows,
+    }, indent=1) + "\n")
+    log(f"wrote {args.out / 'bulk-asyncllm.json'}")
     return 0
 
 
