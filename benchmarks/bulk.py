@@ -488,17 +488,24 @@ PAUSE_S = 0.3
 """Pause before each run of ``--against asyncllm`` (one engine: no other engine spins)."""
 
 
+def reference_lines(rows: list[dict[str, Any]], sizes: list[int], label: str, stat_name: str,
+                    stat: Callable[[list[float]], float]) -> list[str]:
+    """One line per size: the reference runs' tok/s range and their client CPU per input."""
+    lines = []
+    for n in sizes:
+        ref = [r["reference_tok_s"] for r in rows if r["n"] == n]
+        ref_cpu = [r["reference_client_cpu_ms_per_input"] for r in rows if r["n"] == n]
+        lines.append(f"{label:<42} n={n:<5} {min(ref):6.0f}-{max(ref):.0f} tok/s over "
+                     f"{len(ref)} runs; client CPU {stat_name} {stat(ref_cpu):.2f} ms/input")
+    return lines
+
+
 def against_baseline_report(rows: list[dict[str, Any]], sizes: list[int], elapsed: float,
                             repeats: int) -> tuple[list[str], list[dict[str, Any]]]:
     title = (f"\n== bulk against {BASELINE} on the same engine ({repeats} repeats, each run "
              f"paired with a baseline run next to it; median of the paired ratios; "
              f"{elapsed / 60:.1f} min) ==")
-    lines = [title]
-    for n in sizes:
-        ref = [r["reference_tok_s"] for r in rows if r["n"] == n]
-        ref_cpu = [r["reference_client_cpu_ms_per_input"] for r in rows if r["n"] == n]
-        lines.append(f"{'baseline':<42} n={n:<5} {min(ref):6.0f}-{max(ref):.0f} tok/s over "
-                     f"{len(ref)} runs; client CPU median {statistics.median(ref_cpu):.2f} ms/input")
+    lines = [title, *reference_lines(rows, sizes, "baseline", "median", statistics.median)]
     summary = []
     for name in dict.fromkeys(r["path"] for r in rows):
         for n in sizes:
@@ -582,12 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     title = (f"\n== bulk: {args.model}, {args.tokens} tokens per input, {args.repeats} "
              f"repeats; each run paired with a vllm.LLM.chat run next to it; the verdict is on "
              f"the median of the paired ratios ({elapsed / 60:.1f} min) ==")
-    lines = [title]
-    for n in sizes:
-        ref = [r["reference_tok_s"] for r in rows if r["n"] == n]
-        ref_cpu = [r["reference_client_cpu_ms_per_input"] for r in rows if r["n"] == n]
-        lines.append(f"{'vllm.LLM.chat':<42} n={n:<5} {min(ref):6.0f}-{max(ref):.0f} tok/s over "
-                     f"{len(ref)} runs; client CPU {min(ref_cpu):.2f} ms/input")
+    lines = [title, *reference_lines(rows, sizes, "vllm.LLM.chat", "lowest", min)]
     summary = []
     for name in dict.fromkeys(r["path"] for r in rows):  # in measuring order
         for n in sizes:
