@@ -221,11 +221,8 @@ async def render_chat(
     offload: bool = True,
 ) -> Any:
     """Render ``messages`` with the model's template through vLLM's renderer; an engine input.
-
-    ``offload``: through the renderer's async entry point, which tokenizes (and loads media)
-    in its thread pool, as vLLM's server does; ``False``: through its sync entry point, as
-    ``vllm.LLM.chat`` does, on the calling thread (the engine loop), with the same result.
-    """
+    ``offload``: in the renderer's thread pool (its async entry point, as vLLM's server), else
+    on this thread, the engine loop (its sync entry point, as ``vllm.LLM.chat``)."""
     renderer = llm.renderer
     params = ChatParams(
         chat_template=chat_template,
