@@ -13,15 +13,15 @@ Left alone, every engine start printed, besides vLLM's own INFO lines (on stdout
   ``init_cpu_memory_env``, printed by torch's C++ logger.
 
 At vLLM's quiet levels (``VLLM_LOGGING_LEVEL`` ERROR or CRITICAL, the default here when the
-variable is unset) :func:`install_filters` and :func:`engine_environment` silence exactly those;
+variable is unset) :func:`install_filters` and :func:`quiet_environment` silence exactly those;
 ``VLLM_LOGGING_LEVEL=WARNING``, ``INFO`` or ``DEBUG`` leaves every line as vLLM prints it.
 
 The engine's processes are spawned, so nothing of this process reaches them but the
 environment. Environment variables cover the log level and torch's C++ logger; the Triton line
 is logged while vLLM is imported, before any code of ours could run there, so the engine's
-processes also get a ``sitecustomize`` (see :func:`engine_environment`) that loads this file on
-its own and calls :func:`install_filters`. This module therefore imports nothing but the
-standard library, and names vLLM's loggers and modules only as strings.
+processes call :func:`install_filters` from the ``sitecustomize`` that :mod:`._vllm_boot` puts
+on their ``PYTHONPATH``, which loads this file on its own. This module therefore imports nothing
+but the standard library, and names vLLM's loggers and modules only as strings.
 
 At exit a script printed "resource_tracker: There appear to be 1 leaked shared_memory objects"
 (or semaphore objects). Those are the engine core's: the ring buffer it broadcasts to its
@@ -34,19 +34,15 @@ busy machine; a shutdown that kills the engine core first leaks both.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import re
-import shutil
-import tempfile
-import threading
 import warnings
 
 __all__ = [
-    "engine_environment",
     "install_filters",
     "quiet",
+    "quiet_environment",
     "shutdown_timeout",
 ]
 
@@ -57,10 +53,6 @@ is INFO, for its server)."""
 
 _QUIET_LEVELS = frozenset({"ERROR", "CRITICAL"})
 _REDUCE_OP_WARNING = "`torch.distributed.reduce_op` is deprecated"
-
-_boot_lock = threading.Lock()
-_boot_dir: str | None = None
-
 
 def level() -> str:
     """The level vLLM's logs run at in the engine's processes."""
@@ -94,7 +86,7 @@ def install_filters() -> None:
     )
 
 
-def engine_environment() -> dict[str, str]:
+def quiet_environment() -> dict[str, str]:
     """Environment variables for the engine's processes (empty at vLLM's verbose levels)."""
     if not quiet():
         return {}
@@ -103,50 +95,7 @@ def engine_environment() -> dict[str, str]:
         # The NUMA-binding line is a C++ TORCH_WARN; torch's C++ logger can only be filtered
         # by level. Errors still print; the engine's processes run only vLLM's code.
         environment["TORCH_CPP_LOG_LEVEL"] = "ERROR"
-    paths = [_boot_directory(), os.environ.get("PYTHONPATH", "")]
-    environment["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     return environment
-
-
-_SITECUSTOMIZE = '''\
-"""Written by vllm-inline for vLLM's engine processes: apply vLLM's log level before vLLM is
-imported (see {module}), then run the interpreter's own sitecustomize, if any."""
-import importlib.util
-import sys
-
-_spec = importlib.util.spec_from_file_location("_vllm_inline_quiet", {module!r})
-_quiet = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_quiet)
-_quiet.install_filters()
-
-sys.path[:] = [p for p in sys.path if p != {directory!r}]
-_self = sys.modules.pop("sitecustomize")
-try:
-    import sitecustomize  # noqa: F401
-except ImportError as e:
-    if e.name != "sitecustomize":
-        raise
-    sys.modules["sitecustomize"] = _self
-'''
-
-
-def _boot_directory() -> str:
-    """A directory holding the ``sitecustomize`` for the engine's processes (once a process).
-
-    It is on their ``PYTHONPATH`` only: multiprocessing's spawn replaces a child's
-    ``sys.path`` with its parent's once it has started, and the file takes itself off
-    ``sys.path`` before it runs the interpreter's own ``sitecustomize``.
-    """
-    global _boot_dir
-    with _boot_lock:
-        if _boot_dir is None:
-            directory = tempfile.mkdtemp(prefix="vllm-inline-boot-")
-            source = _SITECUSTOMIZE.format(module=os.path.abspath(__file__), directory=directory)
-            with open(os.path.join(directory, "sitecustomize.py"), "w", encoding="utf-8") as f:
-                f.write(source)
-            atexit.register(shutil.rmtree, directory, True)
-            _boot_dir = directory
-        return _boot_dir
 
 
 def shutdown_timeout() -> float:

@@ -261,7 +261,7 @@ async def _build(
     # Built on the loop thread, so vLLM's output handler binds to this loop. vLLM is first
     # imported here too: some of its modules keep import-time tracebacks, which would keep
     # the caller's frames (and through them the engine) alive until interpreter exit.
-    from . import _vllm_quiet
+    from . import _vllm_boot, _vllm_quiet
 
     _vllm_quiet.install_filters()  # before vLLM's import, which logs
     from . import _vllm, _vllm_platform
@@ -269,5 +269,5 @@ async def _build(
     _vllm.check_engine_kwargs(model, vllm_kwargs)
     # Measured before anything is spawned: a request for more memory than is free fails here.
     defaults = _vllm_platform.decide_engine_kwargs(model, vllm_kwargs)
-    environment = {**_vllm_quiet.engine_environment(), **defaults.environment}
+    environment = {**_vllm_boot.engine_environment(), **defaults.environment}
     return _vllm.start_engine(model, defaults.kwargs, stats, environment), defaults

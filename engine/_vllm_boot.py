@@ -1,0 +1,150 @@
+"""What vLLM's engine processes run first: the quiet filters, and a watch that ends the process
+when the process that started it ends.
+
+vLLM spawns its engine core (and, from there, its workers) as new interpreters; nothing of
+this process reaches them but the environment. :func:`engine_environment` puts a directory
+holding a ``sitecustomize`` on their ``PYTHONPATH``; the interpreter runs it before anything
+else, vLLM's import included. It loads :mod:`._vllm_quiet` (vLLM's start-up noise, see there)
+and this file by path and calls :func:`boot`. Both files therefore import nothing but the
+standard library and name vLLM only in strings.
+
+**Dying with the app.** vLLM's workers watch their engine core through a death pipe, but the
+engine core watches nothing (vLLM issues 55510, 34643, 19849): when the app is killed (SIGTERM
+with Python's default handler, SIGKILL, the OOM killer, ``os._exit``, a notebook kernel
+restart) the engine core and its workers lived on, holding their memory and their shared-memory
+segments. :func:`watch_parent` waits on a pidfd of the parent (the kernel wakes the thread when
+the parent exits; no polling), then sends the process SIGTERM, on which vLLM's engine core runs
+its own shutdown: its workers exit and its shared memory and semaphores are released. In a
+worker the watch duplicates vLLM's death pipe, which is harmless.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import select
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+__all__ = ["PARENT_PID_VARIABLE", "boot", "engine_environment", "watch_parent"]
+
+PARENT_PID_VARIABLE = "VLLMINLINE_PARENT_PID"
+"""The pid of the process that spawned this one, as that process saw itself: a child that
+finds another parent was orphaned before its watch began, and stops at once."""
+
+_SPAWNED_FLAG = "--multiprocessing-fork"  # multiprocessing's spawn puts it on a child's argv
+
+_boot_lock = threading.Lock()
+_boot_dir: str | None = None
+
+
+def engine_environment() -> dict[str, str]:
+    """Environment variables for the engine's processes: the boot directory on
+    ``PYTHONPATH``, this process's pid, and vLLM's quiet levels (see :mod:`._vllm_quiet`)."""
+    from . import _vllm_quiet
+
+    paths = [_boot_directory(), os.environ.get("PYTHONPATH", "")]
+    return {
+        **_vllm_quiet.quiet_environment(),
+        "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+        PARENT_PID_VARIABLE: str(os.getpid()),
+    }
+
+
+def boot(quiet_module: object) -> None:
+    """Run in each engine process before vLLM is imported (from the ``sitecustomize``)."""
+    quiet_module.install_filters()  # type: ignore[attr-defined]
+    watch_parent()
+
+
+def watch_parent() -> None:
+    """End this process (SIGTERM) once its parent has exited.
+
+    Only in processes started by multiprocessing's spawn, as vLLM starts its engine cores and
+    workers; any other process that inherits the environment (multiprocessing's resource
+    tracker, which must outlive everyone to release what they leaked) is left alone.
+    """
+    if _SPAWNED_FLAG not in sys.argv:
+        return
+    expected = os.environ.get(PARENT_PID_VARIABLE, "")
+    os.environ[PARENT_PID_VARIABLE] = str(os.getpid())  # for this process's own children
+    parent = os.getppid()
+    if expected.isdigit() and int(expected) != parent:
+        _stop()  # orphaned already: the parent died while this process was starting
+        return
+    threading.Thread(
+        target=_stop_after, args=(parent,), name="vllm-inline-parent-watch", daemon=True
+    ).start()
+
+
+def _stop_after(parent: int) -> None:
+    try:
+        pidfd = os.pidfd_open(parent)  # Linux 5.3+
+    except (AttributeError, OSError):
+        while os.getppid() == parent:  # other systems: a cheap read once a second
+            time.sleep(1.0)
+    else:
+        select.select([pidfd], [], [])  # readable once the parent has exited
+        os.close(pidfd)
+    _stop()
+
+
+def _stop() -> None:
+    # vLLM's engine core and workers turn SIGTERM into their own orderly shutdown.
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+_SITECUSTOMIZE = '''\
+"""Written by vllm-inline for vLLM's engine processes (see {boot}): apply vLLM's log level
+before vLLM is imported and end with the parent process, then run the interpreter's own
+sitecustomize, if any."""
+import importlib.util
+import sys
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_load("_vllm_inline_boot", {boot!r}).boot(_load("_vllm_inline_quiet", {quiet!r}))
+
+sys.path[:] = [p for p in sys.path if p != {directory!r}]
+_self = sys.modules.pop("sitecustomize")
+try:
+    import sitecustomize  # noqa: F401
+except ImportError as e:
+    if e.name != "sitecustomize":
+        raise
+    sys.modules["sitecustomize"] = _self
+'''
+
+
+def _boot_directory() -> str:
+    """A directory holding the ``sitecustomize`` for the engine's processes (once a process).
+
+    It is on their ``PYTHONPATH`` only: multiprocessing's spawn replaces a child's
+    ``sys.path`` with its parent's once it has started, and the file takes itself off
+    ``sys.path`` before it runs the interpreter's own ``sitecustomize``.
+    """
+    global _boot_dir
+    with _boot_lock:
+        if _boot_dir is None:
+            here = os.path.dirname(os.path.abspath(__file__))
+            directory = tempfile.mkdtemp(prefix="vllm-inline-boot-")
+            source = _SITECUSTOMIZE.format(
+                boot=os.path.join(here, "_vllm_boot.py"),
+                quiet=os.path.join(here, "_vllm_quiet.py"),
+                directory=directory,
+            )
+            with open(os.path.join(directory, "sitecustomize.py"), "w", encoding="utf-8") as f:
+                f.write(source)
+            atexit.register(shutil.rmtree, directory, True)
+            _boot_dir = directory
+        return _boot_dir

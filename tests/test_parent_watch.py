@@ -1,0 +1,100 @@
+"""The watch each engine process runs from its ``sitecustomize`` (engine/_vllm_boot.py): a
+process started by multiprocessing's spawn gets SIGTERM when its parent ends, however the
+parent ended; other processes are left alone. No engine here (the real engines, killed three
+ways: tests/parallel/test_no_orphans.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from processes import clean_up, process_tree, wait_gone
+from vllm_inline.engine import _vllm_boot
+
+PARENT = textwrap.dedent(
+    """
+    import multiprocessing, os, signal, sys, time
+    from vllm_inline.engine import _vllm_boot
+
+    def child(marker):
+        def on_term(signum, frame):
+            with open(marker, "w") as f:
+                f.write("SIGTERM")
+            os._exit(0)
+        signal.signal(signal.SIGTERM, on_term)
+        time.sleep(120)
+
+    if __name__ == "__main__":
+        # As an engine start does: the boot environment, set while vLLM spawns.
+        os.environ.update(_vllm_boot.engine_environment())
+        process = multiprocessing.get_context("spawn").Process(target=child, args=(sys.argv[1],))
+        process.start()
+        print(process.pid, flush=True)
+        time.sleep(120)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_a_spawned_child_gets_sigterm_when_its_parent_dies(tmp_path: Path, how: str) -> None:
+    marker, script = tmp_path / "child-was-told", tmp_path / "parent.py"
+    script.write_text(PARENT)  # a file: spawn re-imports the parent's main module in the child
+    parent = subprocess.Popen(
+        [sys.executable, str(script), str(marker)], stdout=subprocess.PIPE, text=True
+    )
+    tree = []
+    try:
+        child_pid = int(parent.stdout.readline())
+        tree = process_tree(parent.pid)
+        assert child_pid in {p.pid for p in tree}
+        time.sleep(1.0)  # alive parent: the child keeps running
+        assert psutil.Process(child_pid).is_running() and not marker.exists()
+        parent.send_signal(getattr(signal, how))
+        parent.wait(timeout=10)
+        left, _, waited = wait_gone(tree, set(), timeout=5)
+        assert not left, left
+        assert marker.read_text() == "SIGTERM"
+        print(f"child ended {waited:.2f} s after its parent's {how}")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(timeout=10)
+        clean_up(tree, ())
+
+
+def test_a_child_orphaned_before_its_watch_began_stops_at_once() -> None:
+    environment = {**os.environ, **_vllm_boot.engine_environment()}
+    environment[_vllm_boot.PARENT_PID_VARIABLE] = "1"  # not the parent it finds
+    # "--multiprocessing-fork" marks a process multiprocessing's spawn started.
+    child = subprocess.run(
+        [sys.executable, "-c", "import time; time.sleep(60)", "--multiprocessing-fork"],
+        env=environment, timeout=30, check=False,
+    )
+    assert child.returncode == -signal.SIGTERM
+
+
+def test_other_processes_are_not_watched() -> None:
+    """multiprocessing's resource tracker inherits the environment and must outlive the engine
+    processes (it releases what they leaked): no watch in a process spawn did not start."""
+    environment = {**os.environ, **_vllm_boot.engine_environment()}
+    environment[_vllm_boot.PARENT_PID_VARIABLE] = "1"
+    child = subprocess.run(
+        [sys.executable, "-c", "import threading; print(threading.active_count())"],
+        env=environment, timeout=30, check=False, capture_output=True, text=True,
+    )
+    assert child.returncode == 0 and child.stdout == "1\n"
+
+
+def test_engine_environment_carries_the_boot_directory_and_this_pid() -> None:
+    environment = _vllm_boot.engine_environment()
+    boot = environment["PYTHONPATH"].split(os.pathsep)[0]
+    assert (Path(boot) / "sitecustomize.py").is_file()
+    assert environment[_vllm_boot.PARENT_PID_VARIABLE] == str(os.getpid())
