@@ -14,8 +14,9 @@ with Python's default handler, SIGKILL, the OOM killer, ``os._exit``, a notebook
 restart) the engine core and its workers lived on, holding their memory and their shared-memory
 segments. :func:`watch_parent` waits on a pidfd of the parent (the kernel wakes the thread when
 the parent exits; no polling), then sends the process SIGTERM, on which vLLM's engine core runs
-its own shutdown: its workers exit and its shared memory and semaphores are released. In a
-worker the watch duplicates vLLM's death pipe, which is harmless.
+its own shutdown: its workers exit and its shared memory and semaphores are released (SIGKILL
+follows if it is still there after the time that shutdown is given). In a worker the watch
+duplicates vLLM's death pipe, which is harmless.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any
 
 __all__ = ["PARENT_PID_VARIABLE", "boot", "engine_environment", "watch_parent"]
 
@@ -47,7 +49,9 @@ def engine_environment() -> dict[str, str]:
     ``PYTHONPATH``, this process's pid, and vLLM's quiet levels (see :mod:`._vllm_quiet`)."""
     from . import _vllm_quiet
 
-    paths = [_boot_directory(), os.environ.get("PYTHONPATH", "")]
+    boot = _boot_directory()
+    # Engines that start at once each set this while they spawn: keep one boot entry.
+    paths = [boot, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p != boot)]
     return {
         **_vllm_quiet.quiet_environment(),
         "PYTHONPATH": os.pathsep.join(p for p in paths if p),
@@ -55,14 +59,14 @@ def engine_environment() -> dict[str, str]:
     }
 
 
-def boot(quiet_module: object) -> None:
+def boot(quiet_module: Any) -> None:
     """Run in each engine process before vLLM is imported (from the ``sitecustomize``)."""
-    quiet_module.install_filters()  # type: ignore[attr-defined]
-    watch_parent()
+    quiet_module.install_filters()
+    watch_parent(grace=quiet_module.shutdown_timeout())
 
 
-def watch_parent() -> None:
-    """End this process (SIGTERM) once its parent has exited.
+def watch_parent(grace: float) -> None:
+    """End this process once its parent has exited: SIGTERM, then SIGKILL after ``grace`` s.
 
     Only in processes started by multiprocessing's spawn, as vLLM starts its engine cores and
     workers; any other process that inherits the environment (multiprocessing's resource
@@ -73,29 +77,31 @@ def watch_parent() -> None:
     expected = os.environ.get(PARENT_PID_VARIABLE, "")
     os.environ[PARENT_PID_VARIABLE] = str(os.getpid())  # for this process's own children
     parent = os.getppid()
-    if expected.isdigit() and int(expected) != parent:
-        _stop()  # orphaned already: the parent died while this process was starting
-        return
+    orphaned = expected.isdigit() and int(expected) != parent  # the parent died meanwhile
     threading.Thread(
-        target=_stop_after, args=(parent,), name="vllm-inline-parent-watch", daemon=True
+        target=_stop_after, args=(None if orphaned else parent, grace),
+        name="vllm-inline-parent-watch", daemon=True,
     ).start()
 
 
-def _stop_after(parent: int) -> None:
-    try:
-        pidfd = os.pidfd_open(parent)  # Linux 5.3+
-    except (AttributeError, OSError):
-        while os.getppid() == parent:  # other systems: a cheap read once a second
-            time.sleep(1.0)
-    else:
-        select.select([pidfd], [], [])  # readable once the parent has exited
-        os.close(pidfd)
-    _stop()
-
-
-def _stop() -> None:
-    # vLLM's engine core and workers turn SIGTERM into their own orderly shutdown.
+def _stop_after(parent: int | None, grace: float) -> None:
+    if parent is not None:
+        try:
+            pidfd = os.pidfd_open(parent)  # Linux 5.3+
+        except (AttributeError, OSError):
+            while os.getppid() == parent:  # other systems: a cheap read once a second
+                time.sleep(1.0)
+        else:
+            select.select([pidfd], [], [])  # readable once the parent has exited
+            os.close(pidfd)
+    # vLLM's engine core and workers turn SIGTERM into their own orderly shutdown. An engine
+    # core still starting finishes its start first (vLLM applies a SIGTERM received then once
+    # it is built); one that is not gone after the grace vLLM's own teardown takes is killed:
+    # its workers follow it through their death pipes, and multiprocessing's resource tracker
+    # releases the shared memory it held.
     os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(grace)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 _SITECUSTOMIZE = '''\
