@@ -30,6 +30,7 @@ from .errors import (
 from .metrics import EngineStats, RequestMetrics, prometheus_registry
 from .sampling import DEFAULTS
 from .stops import StopPolicy
+from .together import shutdown_engines, start_engines
 
 __all__ = [
     "DEFAULTS",
@@ -59,4 +60,6 @@ __all__ = [
     "get_engine",
     "prometheus_registry",
     "shutdown_all",
+    "shutdown_engines",
+    "start_engines",
 ]

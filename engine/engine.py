@@ -33,6 +33,7 @@ from .request import Request, build_request
 from .runtime import Runtime, start_runtime
 from .sampling import DEFAULTS, layer_sampling
 from .stops import StopPolicy
+from .together import shutdown_engines
 
 __all__ = ["Engine", "get_engine", "shutdown_all"]
 
@@ -372,11 +373,11 @@ def get_engine(model: str, **vllm_kwargs: Any) -> Engine:
 
 
 def shutdown_all() -> None:
-    """Shut down every engine of the process (runs at interpreter exit)."""
+    """Shut down every engine of the process, all at once (runs at interpreter exit): the
+    time is the slowest engine's shutdown, not the sum (see :func:`.together.shutdown_engines`)."""
     with _engines_lock:
         engines = list(_engines.values())
-    for engine in engines:
-        engine.shutdown()
+    shutdown_engines(*engines)
 
 
 def _at_exit() -> None:

@@ -8,6 +8,8 @@ import gc
 import subprocess
 import sys
 
+import pytest
+
 import vllm_inline.engine as engine_module
 from vllm_inline.engine import get_engine
 
@@ -20,7 +22,7 @@ def test_engine_exports_are_pinned():
         "RequestMetrics",
         "RequestTimeoutError", "StatsDisabledError", "StopPolicy", "TokenLogprob", "ToolCallDelta",
         "UnsupportedTaskError", "Usage", "VLLMInlineError", "get_engine", "prometheus_registry",
-        "shutdown_all",
+        "shutdown_all", "shutdown_engines", "start_engines",
     ])
 
 
@@ -65,3 +67,35 @@ def test_a_started_engine_freezes_the_start_up_heap(scripted):
     engine = scripted("llama3").engine.start()
     assert engine.started
     assert gc.get_freeze_count() > 100_000
+
+
+def test_start_engines_stops_what_it_started_when_one_fails_and_names_that_model(scripted):
+    """One engine of a set cannot start (more KV cache than the machine has, refused before
+    any process is spawned): the one that did start is shut down again, the running shared
+    engine is left alone, and the error names the failed model."""
+    import psutil
+
+    from vllm_inline.engine import InsufficientMemoryError, start_engines
+
+    shared = scripted("llama3").engine.start()
+    s = scripted("gemma")
+    good = get_engine(s.path, **{**s.engine_kwargs, "seed": 4242})  # this test's own engine
+    bad = get_engine(
+        scripted("chatml").path,
+        **{**s.engine_kwargs, "kv_cache_memory_bytes": psutil.virtual_memory().total * 2},
+    )
+    lines: list[str] = []
+    with pytest.raises(InsufficientMemoryError) as info:
+        start_engines(shared, good, bad, max_concurrent=1, progress=lines.append)  # in order
+    assert str(info.value).startswith(scripted("chatml").path + ": kv_cache_memory_bytes=")
+    assert not good.started and not bad.started
+    assert shared.started
+    assert lines[0] == f"Starting vLLM for {s.path} ..." and lines[1].startswith(f"{s.path} ready in ")
+    assert not any(scripted("llama3").path in line for line in lines)  # already running
+
+
+def test_start_engines_refuses_a_bad_max_concurrent():
+    from vllm_inline.engine import start_engines
+
+    with pytest.raises(ValueError, match="max_concurrent=0"):
+        start_engines(max_concurrent=0)

@@ -1,0 +1,122 @@
+"""Several engines at once: start them concurrently, shut them down concurrently.
+
+A RAG app holds a chat model, an embedder and a reranker: three engines. Each start and each
+shutdown mostly waits on vLLM's own processes (spawning them, importing vLLM there, loading
+the weights; on shutdown, their exit), so one after another they cost the sum of their waits,
+and at once little more than the slowest::
+
+    from vllm_inline.engine import get_engine, start_engines
+
+    chat, embedder = start_engines(
+        get_engine("Qwen/Qwen3-0.6B"), get_engine("BAAI/bge-small-en-v1.5", runner="pooling")
+    )
+
+Threads, not processes: each :meth:`Engine.start <vllm_inline.engine.Engine.start>` blocks
+its thread on vLLM's start-up handshake and holds no lock another start needs (the engines'
+processes are spawned one at a time, see ``_vllm_platform.spawn_environment``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+__all__ = ["shutdown_engines", "start_engines"]
+
+logger = logging.getLogger("vllm_inline")
+
+
+def start_engines(
+    *engines: Engine,
+    max_concurrent: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Engine, ...]:
+    """Start ``engines`` concurrently (at most ``max_concurrent`` at a time; all by default)
+    and return them once all are up.
+
+    ``progress`` gets one line per engine when its start begins and one when it is ready
+    (``logging`` at INFO on ``vllm_inline`` otherwise). Engines already running are left as
+    they are. If one fails to start, the ones this call started are shut down (those still
+    starting once they are up), none is started after the failure, and its error is raised,
+    its message led by the model.
+    """
+    if max_concurrent is not None and max_concurrent < 1:
+        raise ValueError(f"max_concurrent={max_concurrent!r} is invalid: pass 1 or more.")
+    say = progress or logger.info
+    failed = threading.Event()
+
+    def start(engine: Engine) -> None:
+        if failed.is_set() or engine.started:  # another engine failed, or nothing to do
+            return
+        begun = time.monotonic()
+        say(f"Starting vLLM for {engine.model} ...")
+        engine.start()
+        say(f"{engine.model} ready in {time.monotonic() - begun:.1f} s")
+
+    already = {id(engine) for engine in engines if engine.started}
+    errors = _each_at_once(start, list(engines), max_concurrent, on_error=failed.set)
+    if errors:
+        shutdown_engines(*(engine for engine in engines if id(engine) not in already))
+        engine, error = errors[0]
+        if engine.model not in str(error):  # say which of the models failed
+            error.args = (f"{engine.model}: {error.args[0] if error.args else error}", *error.args[1:])
+        raise error
+    return engines
+
+
+def shutdown_engines(*engines: Engine) -> None:
+    """Shut ``engines`` down concurrently (each :meth:`~vllm_inline.engine.Engine.shutdown`
+    is idempotent); returns when all are down. The time is the slowest shutdown's, not the
+    sum."""
+    running = [engine for engine in engines if engine.started]
+    for engine, error in _each_at_once(lambda engine: engine.shutdown(), running, None):
+        logger.warning("vllm-inline: %s did not shut down cleanly", engine.model, exc_info=error)
+
+
+def _each_at_once(
+    job: Callable[[Engine], None],
+    engines: Sequence[Engine],
+    max_concurrent: int | None,
+    on_error: Callable[[], None] | None = None,
+) -> list[tuple[Engine, BaseException]]:
+    """Run ``job`` on every engine, each in a thread of its own (at most ``max_concurrent`` at
+    a time); the engines that raised, with their errors, in the engines' order."""
+    # Plain threads, not concurrent.futures: this also runs at interpreter exit
+    # (shutdown_all), where an executor refuses new work.
+    slots = threading.BoundedSemaphore(max_concurrent or max(len(engines), 1))
+    results: list[list[BaseException]] = [[] for _ in engines]
+
+    def run(i: int, engine: Engine) -> None:
+        with slots:
+            results[i] = _errors_of(job, engine, on_error)
+
+    threads = []
+    for i, engine in enumerate(engines):
+        thread = threading.Thread(target=run, args=(i, engine), name=f"vllm-inline-{i}")
+        try:
+            thread.start()
+        except RuntimeError:  # no new thread this late in the interpreter's exit
+            run(i, engine)
+        else:
+            threads.append(thread)
+    for thread in threads:
+        thread.join()
+    return [(engine, e) for engine, errors in zip(engines, results) for e in errors]
+
+
+def _errors_of(
+    job: Callable[[Engine], None], engine: Engine, on_error: Callable[[], None] | None
+) -> list[BaseException]:
+    try:
+        job(engine)
+    except BaseException as e:  # noqa: BLE001 - handed back to the caller's thread
+        if on_error is not None:
+            on_error()
+        return [e]
+    return []
