@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 BULK_ARGS ?=
 
-.PHONY: install test test-parallel test-real test-compat demo check bench bench-compare clean
+.PHONY: install test test-fast test-random test-parallel test-real test-compat demo check bench bench-compare clean
 
 install: $(STAMP)
 
@@ -26,8 +26,25 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -c "import vllm_inline.integrations.langchain, vllm_inline.integrations.llama_index"
 	touch $(STAMP)
 
+# Two pytest-xdist workers: the tests on the shared engines on one, those that start processes
+# or engines of their own on the other (tests/conftest.py); TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope) $(PYTEST_ARGS)
+
+# The tests that start no engine (not marked `engine`), for the edit-run loop: well under a
+# minute. `make test` runs them too; the run fails if one of them starts an engine after all.
+test-fast: install
+	$(PY) -m pytest -m "not engine and not parallel and not real" $(PYTEST_ARGS)
+
+# `make test` in a random order (pytest-random-order: the modules shuffled, and the tests within
+# each module; `SEED=N make test-random` repeats an order; the seed is printed). Optional: order
+# must not matter, and this is how to find out. Both workers shuffle with the same seed.
+SEED ?= $(shell od -An -N2 -tu2 /dev/urandom | tr -d ' ')
+test-random: install
+	$(PY) -m pip install -q "pytest-random-order>=1.1"
+	$(PY) -m pytest --random-order-bucket=module --random-order-seed=$(SEED) \
+		$(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope) $(PYTEST_ARGS)
 
 # Tests that start engine processes of their own (tensor/pipeline/data parallel, multi-node data
 # parallel on 127.0.0.1, Ray Serve replicas, engine restarts and deaths, stats off): half a

@@ -4,17 +4,86 @@ Every test that needs an engine asks for ``scripted("<scenario>")``; the model i
 (:func:`vllm_inline.testing.scripted_model`) and its engine comes from :func:`get_engine` with
 the kit's ``CPU_TEST_ENGINE_KWARGS`` (float32, a 512-token context, eager mode, a 128 MiB KV
 cache), so the engine tests and both integrations share the same engines.
+
+Before the first test, :func:`shared_engines_started_together` starts the shared engines the
+selected tests name, two at a time (an engine start mostly waits on one core for vLLM's imports
+in its new processes). After each module :func:`shared_engines_left_as_found` checks that no
+test restarted, killed or left work on a shared engine. ``engine_starts.py`` counts the starts.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from vllm_inline.testing import ScriptedModel, scripted_model
+
+pytest_plugins = ["engine_starts"]
+
+OWN_PROCESSES = (
+    "tests/test_check.py::test_check_fails_when",
+    "tests/test_check.py::test_cli_",
+    "tests/test_clean_run.py::test_chatvllm_start_answer_shutdown",
+    "tests/test_cli.py::",
+    "tests/test_engine_cpu_defaults.py::test_an_engine_with_no_options",
+    "tests/test_examples.py::",
+    "tests/test_langchain_standard.py::TestChatVLLMImageIntegration::",
+    "tests/test_observability.py::test_prometheus_metrics_through_the_fastapi_example",
+    "tests/test_observability.py::test_priority_runs_a_later_urgent_request_first",
+    "tests/test_openai_server.py::",
+    "tests/test_reliability.py::test_templateless",
+    "tests/test_reliability.py::test_one_log_line_per_engine_start",
+    "tests/test_reliability.py::test_engine_death_ends_integration_streams",
+)
+"""Tests that start processes or engines of their own (a CLI, a first run, the example apps and
+servers on engines with no options, a broken or template-less copy of a model, other engine
+options). ``make test`` runs on two pytest-xdist workers: these on one, everything else (the
+tests on the shared engines, a few of their own, and those that start no engine) on the other,
+so no shared engine starts twice and the two halves take about as long (measured: a few tests
+of their own stay on the shared side to even the halves out)."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadscope`` (``make test``) two scopes: :data:`OWN_PROCESSES`, the rest."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TwoHalves(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "own-processes" if nodeid.startswith(OWN_PROCESSES) else "shared-engines"
+
+    return TwoHalves(config, log)
+
+
+SHARED = ("llama3", "chatml", "gemma", "chatml_reasoning", "chatml_tools", "long")
+"""The scenarios whose engines (the kit's options) the suite shares; started together before
+the first test when the selected modules name them (:func:`shared_engines_started_together`)."""
+
+_MODELS = pytest.StashKey[dict[str, ScriptedModel]]()
+_STARTED = pytest.StashKey[bool]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        # A test that asks for a scripted model runs an engine, marked or not.
+        if "scripted" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.engine)
+
+
+def _on_shared_engines(item: pytest.Item) -> bool:
+    return (
+        item.get_closest_marker("engine") is not None
+        and not any(item.get_closest_marker(suite) for suite in ("parallel", "real"))
+        and not item.nodeid.startswith(OWN_PROCESSES)
+    )
 
 
 @pytest.fixture(scope="session")
@@ -24,9 +93,11 @@ def scripted_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def scripted(scripted_root: Path) -> Iterator[Callable[[str], ScriptedModel]]:
+def scripted(
+    request: pytest.FixtureRequest, scripted_root: Path
+) -> Iterator[Callable[[str], ScriptedModel]]:
     """``scripted("llama3")`` -> :class:`ScriptedModel` (model built once, engine shared)."""
-    cache: dict[str, ScriptedModel] = {}
+    cache = request.config.stash.setdefault(_MODELS, {})
 
     def get(name: str) -> ScriptedModel:
         if name not in cache:
@@ -37,3 +108,52 @@ def scripted(scripted_root: Path) -> Iterator[Callable[[str], ScriptedModel]]:
     from vllm_inline.engine import shutdown_all
 
     shutdown_all()
+
+
+@pytest.fixture(autouse=True)
+def shared_engines_started_together(request: pytest.FixtureRequest) -> None:
+    """At the first test on the shared engines, start at once those the selected tests name
+    (:data:`SHARED` scenarios their modules ask for, the embedder), two at a time: an engine
+    start mostly waits on one core for vLLM's imports in its new processes. These are the
+    engines the tests would start one after another at their first use (same models, same
+    options). Under pytest-xdist this runs on the worker that has the shared engines."""
+    if not _on_shared_engines(request.node) or request.config.stash.get(_STARTED, False):
+        return
+    request.config.stash[_STARTED] = True
+    sources = {item.path.read_text() for item in request.session.items if _on_shared_engines(item)}
+    if len(sources) < 2:  # one module: its engines start as its tests need them
+        return
+    from vllm_inline.engine import get_engine, start_engines
+    from vllm_inline.testing import build_embedding_model
+
+    scripted = request.getfixturevalue("scripted")
+    named = {name for source in sources for name in re.findall(r'scripted\("(\w+)"\)', source)}
+    engines = [scripted(name).engine for name in SHARED if name in named]
+    if any("build_embedding_model" in source for source in sources):
+        root = request.getfixturevalue("scripted_root")
+        kwargs = scripted("llama3").engine_kwargs
+        engines.append(get_engine(str(build_embedding_model(root)), runner="pooling", **kwargs))
+    start_engines(*engines, max_concurrent=2)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_engines_left_as_found(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each module: every shared engine that was running before it still runs the same
+    vLLM engine (not restarted, not dead) and has no request left in flight. A module that
+    needs to kill, restart or reconfigure an engine uses one of its own (other options)."""
+    models = request.config.stash.get(_MODELS, {})
+    before = {
+        name: (s.engine, s.engine.runtime) for name, s in models.items() if s.engine.started
+    }
+    yield
+    for name, (engine, runtime) in before.items():
+        assert engine.started and engine.runtime is runtime, (
+            f"the shared {name!r} engine was shut down or restarted by this module"
+        )
+        assert not runtime.llm.errored, f"the shared {name!r} engine died in this module"
+        deadline = time.monotonic() + 10  # aborts of cancelled streams land within a step
+        while engine.num_unfinished_requests() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.num_unfinished_requests() == 0, (
+            f"the shared {name!r} engine still runs {engine.num_unfinished_requests()} request(s)"
+        )
