@@ -119,27 +119,47 @@ def decide_engine_kwargs(model: str, kwargs: Mapping[str, Any]) -> PlatformDefau
     return choose_engine_kwargs(kwargs, facts)
 
 
-_environment_lock = threading.Lock()
+_environment = threading.Condition()
+_applied: dict[str, tuple[str, str | None, int]] = {}  # name -> (value, caller's value, users)
 
 
 @contextlib.contextmanager
 def spawn_environment(environment: Mapping[str, str]) -> Iterator[None]:
     """Set ``environment`` while the engine spawns its processes (they inherit it), then put
-    the caller's environment back; engines starting at once take turns while it is set."""
+    the caller's environment back.
+
+    Engines that start at once and want the same values (one engine per process each: the
+    boot directory, vLLM's log level) share them, so their starts overlap; a start that needs
+    another value of a variable already set (a CPU binding per parallel rank) waits until the
+    starts using it are done. The caller's value returns when the last start using a variable
+    ends.
+    """
     if not environment:
         yield
         return
-    with _environment_lock:
-        saved = {name: os.environ.get(name) for name in environment}
-        os.environ.update(environment)
-        try:
-            yield
-        finally:
-            for name, value in saved.items():
-                if value is None:
+    with _environment:
+        _environment.wait_for(
+            lambda: all(_applied.get(k, (v,))[0] == v for k, v in environment.items())
+        )
+        for name, value in environment.items():
+            _, saved, users = _applied.get(name, (value, os.environ.get(name), 0))
+            _applied[name] = (value, saved, users + 1)
+            os.environ[name] = value
+    try:
+        yield
+    finally:
+        with _environment:
+            for name in environment:
+                value, saved, users = _applied[name]
+                if users > 1:
+                    _applied[name] = (value, saved, users - 1)
+                    continue
+                del _applied[name]
+                if saved is None:
                     os.environ.pop(name, None)
                 else:
-                    os.environ[name] = value
+                    os.environ[name] = saved
+            _environment.notify_all()
 
 
 @contextlib.contextmanager

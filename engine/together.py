@@ -12,8 +12,8 @@ and at once little more than the slowest::
     )
 
 Threads, not processes: each :meth:`Engine.start <vllm_inline.engine.Engine.start>` blocks
-its thread on vLLM's start-up handshake and holds no lock another start needs (the engines'
-processes are spawned one at a time, see ``_vllm_platform.spawn_environment``).
+its thread on vLLM's start-up handshake, and starts that want the same environment for their
+processes overlap (``_vllm_platform.spawn_environment``).
 """
 
 from __future__ import annotations
