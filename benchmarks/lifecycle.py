@@ -1,0 +1,187 @@
+"""Engine start and shutdown, timed: one engine phase by phase, and a RAG app's three engines
+one after another against all at once.
+
+    python benchmarks/lifecycle.py [--rounds 2]
+
+1. **One start, phase by phase** (a child process each round, so vLLM is imported afresh):
+   the import of vLLM in this process, then vLLM's own start-up read off its DEBUG log lines
+   (stamped to the millisecond through ``VLLM_LOGGING_CONFIG_PATH``): engine configuration here, the engine core's process spawn and imports,
+   the worker's spawn and imports, weights, KV cache and warm-up, then what vllm-inline does
+   after vLLM is up (tokenizer, template and stop policy, the heap freeze), and the shutdown.
+2. **Three engines** (the test kit's chat model, embedder and a second chat model, the
+   kit's CPU options), in a child process each: ``engine.start()`` one after another
+   against :func:`vllm_inline.engine.start_engines`; ``shutdown()`` one after another against
+   :func:`vllm_inline.engine.shutdown_engines`. Target: together in at most 0.7x the time.
+
+Not a timed test: the figures go to ``docs/performance.md`` ("Engine start and shutdown").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+PHASES = textwrap.dedent(
+    """
+    import json, sys, time
+    t0 = time.perf_counter()
+    import vllm  # noqa: F401
+    from vllm_inline.engine import get_engine
+    from vllm_inline.testing import scripted_model
+
+    if __name__ == "__main__":
+        imported = time.perf_counter() - t0
+        s = scripted_model("llama3")
+        engine = get_engine(s.path, **s.engine_kwargs)
+        t1 = time.time()
+        engine.start()
+        t2 = time.time()
+        engine.shutdown()
+        t3 = time.time()
+        print("TIMES", json.dumps({"import": imported, "start_at": t1, "up_at": t2, "down_at": t3}))
+    """
+)
+
+TOGETHER = textwrap.dedent(
+    """
+    import json, sys, time
+    from vllm_inline.engine import get_engine, shutdown_engines, start_engines
+    from vllm_inline.testing import build_embedding_model, scripted_model
+
+    if __name__ == "__main__":
+        chat, other = scripted_model("llama3"), scripted_model("chatml")
+        engines = [
+            get_engine(chat.path, **chat.engine_kwargs),
+            get_engine(str(build_embedding_model()), runner="pooling", **chat.engine_kwargs),
+            get_engine(other.path, **other.engine_kwargs),
+        ]
+        import vllm  # noqa: F401  (both ways pay it once, before the clock)
+        t0 = time.perf_counter()
+        if sys.argv[1] == "together":
+            start_engines(*engines)
+        else:
+            for engine in engines:
+                engine.start()
+        t1 = time.perf_counter()
+        if sys.argv[1] == "together":
+            shutdown_engines(*engines)
+        else:
+            for engine in engines:
+                engine.shutdown()
+        t2 = time.perf_counter()
+        print("TIMES", json.dumps({"start": t1 - t0, "shutdown": t2 - t1}))
+    """
+)
+
+_STAMP = re.compile(r"\((\w+)[^)]*\) \w+ (\d+\.\d+) \[([^\]]+)\] (.*)")
+
+# vLLM's own log format with the time as epoch seconds to the millisecond (its default stamps
+# whole seconds); vLLM reads a logging config from VLLM_LOGGING_CONFIG_PATH.
+LOGGING_CONFIG = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"stamped": {
+        "()": "vllm.logging_utils.NewLineFormatter",
+        "format": "(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(created).3f "
+                  "[%(fileinfo)s:%(lineno)d] %(message)s",
+    }},
+    "handlers": {"stamped": {
+        "class": "logging.StreamHandler", "formatter": "stamped", "level": "DEBUG",
+        "stream": "ext://sys.stdout",
+    }},
+    "loggers": {"vllm": {"handlers": ["stamped"], "level": "DEBUG", "propagate": False}},
+}
+
+
+def _child(code: str, *args: str, env: dict[str, str] | None = None) -> tuple[dict, str]:
+    result = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=900,
+        env={**os.environ, **(env or {})}, check=True,
+    )
+    line = next(x for x in result.stdout.splitlines() if x.startswith("TIMES "))
+    return json.loads(line[len("TIMES "):]), result.stdout + result.stderr
+
+
+def _log_times(log: str) -> list[tuple[float, str, str]]:
+    """``(epoch seconds, process, message)`` of each of vLLM's log lines."""
+    return [(float(t), p, f"{where} {m}") for p, t, where, m in _STAMP.findall(log)]
+
+
+def phases(times: dict, log: str) -> dict[str, float]:
+    """Split one start into phases by the first log line of each process and vLLM's ready."""
+    lines = _log_times(log)
+
+    def first(process: str) -> float:
+        return min(t for t, p, _ in lines if p == process)
+
+    def at(text: str) -> float:
+        return min(t for t, _, m in lines if text in m)
+
+    core, worker = first("EngineCore"), min(first("VllmWorker"), first("Worker"))
+    configured = max(t for t, p, _ in lines if p == "MainProcess" and t <= core)
+    ready = at("READY from local core engine")
+    return {
+        "import vLLM (this process)": times["import"],
+        "configuration (this process)": configured - times["start_at"],
+        "engine core: spawn, imports": core - configured,
+        "engine core set-up; worker: spawn, imports": worker - core,
+        "worker: weights, KV cache, warm-up; ready": ready - worker,
+        "after vLLM is up (vllm-inline and AsyncLLM)": times["up_at"] - ready,
+        "shutdown": times["down_at"] - times["up_at"],
+    }
+
+
+def one_start(rounds: int) -> None:
+    print("1. One engine start, phase by phase (medians, then each round)")
+    config = os.path.join(tempfile.mkdtemp(prefix="lifecycle-"), "logging.json")
+    with open(config, "w") as f:
+        json.dump(LOGGING_CONFIG, f)
+    rows: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        times, log = _child(
+            PHASES, env={"VLLM_LOGGING_LEVEL": "DEBUG", "VLLM_LOGGING_CONFIG_PATH": config}
+        )
+        for name, seconds in phases(times, log).items():
+            rows.setdefault(name, []).append(seconds)
+    for name, values in rows.items():
+        print(f"  {name:55s} {statistics.median(values):6.1f} s  {[round(v, 1) for v in values]}")
+    total = sum(statistics.median(v) for n, v in rows.items() if n not in ("shutdown", "import vLLM (this process)"))
+    print(f"  {'start (engine.start())':55s} {total:6.1f} s")
+
+
+def three_engines(rounds: int) -> None:
+    print("\n2. Three engines (chat, embedder, a second chat model)")
+    results: dict[str, dict[str, list[float]]] = {"one after another": {}, "together": {}}
+    for _ in range(rounds):
+        for way, flag in (("one after another", "sequential"), ("together", "together")):
+            times, _ = _child(TOGETHER, flag)
+            for name, seconds in times.items():
+                results[way].setdefault(name, []).append(seconds)
+    for name in ("start", "shutdown"):
+        seq = statistics.median(results["one after another"][name])
+        tog = statistics.median(results["together"][name])
+        print(f"  {name:9s} one after another {seq:6.1f} s   together {tog:6.1f} s   "
+              f"ratio {tog / seq:.2f}x")
+    print("  target: the start together in at most 0.7x the time; shutdown bounded by the slowest")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--only", choices=("phases", "together"), default=None)
+    args = parser.parse_args()
+    if args.only != "together":
+        one_start(args.rounds)
+    if args.only != "phases":
+        three_engines(args.rounds)
+
+
+if __name__ == "__main__":
+    main()
