@@ -43,15 +43,16 @@ OWN_PROCESSES = (
 )
 """Tests that start processes or engines of their own (a CLI, a first run, the example apps and
 servers on engines with no options, a broken or template-less copy of a model, other engine
-options). ``make test`` runs on two pytest-xdist workers: these on one, everything else (the
-tests on the shared engines, a few of their own, and those that start no engine) on the other,
-so no shared engine starts twice and the two halves take about as long (measured: a few tests
-of their own stay on the shared side to even the halves out)."""
+options). ``make test TEST_WORKERS=2`` runs on two pytest-xdist workers: these on one,
+everything else (the tests on the shared engines, a few of their own, and those that start no
+engine) on the other, so no shared engine starts twice and the two halves take about as long
+(measured: a few tests of their own stay on the shared side to even the halves out)."""
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under ``--dist loadscope`` (``make test``) two scopes: :data:`OWN_PROCESSES`, the rest."""
+    """Under ``--dist loadscope`` (``TEST_WORKERS=2``) two scopes: :data:`OWN_PROCESSES`, the
+    rest."""
     if config.getoption("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
