@@ -373,8 +373,8 @@ def get_engine(model: str, **vllm_kwargs: Any) -> Engine:
 
 
 def shutdown_all() -> None:
-    """Shut down every engine of the process, all at once (runs at interpreter exit): the
-    time is the slowest engine's shutdown, not the sum (see :func:`.together.shutdown_engines`)."""
+    """Shut down every engine of the process, all at once (runs at interpreter exit; see
+    :func:`.together.shutdown_engines`)."""
     with _engines_lock:
         engines = list(_engines.values())
     shutdown_engines(*engines)
