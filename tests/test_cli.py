@@ -6,13 +6,13 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
 from vllm_inline.testing import SCENARIOS
-
-pytestmark = pytest.mark.engine
 
 ANSWER = SCENARIOS["demo"].answer
 SUMMARY = re.compile(
@@ -29,6 +29,7 @@ def run_cli(args: list[str], tmp_path: Path, stdin: str = "") -> subprocess.Comp
     )
 
 
+@pytest.mark.engine
 def test_demo_streams_through_engine_langchain_and_llama_index(tmp_path: Path) -> None:
     result = run_cli(["demo"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -49,6 +50,7 @@ def test_demo_streams_through_engine_langchain_and_llama_index(tmp_path: Path) -
     assert "Sampling: temperature=0.6, top_p=0.9 (the model's generation_config.json)" in out
 
 
+@pytest.mark.engine
 def test_chat_answers_a_line_from_stdin(tmp_path: Path) -> None:
     result = run_cli(["chat"], tmp_path, stdin="Hello!\n")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -62,6 +64,22 @@ def test_help_lists_both_commands() -> None:
     )
     assert result.returncode == 0
     assert "demo" in result.stdout and "chat" in result.stdout
+
+
+@pytest.mark.smoke
+def test_version_is_the_installed_distributions() -> None:
+    """One source: pyproject.toml's version, as the installed metadata records it."""
+    import vllm_inline
+
+    assert vllm_inline.__version__ == version("vllm-inline")
+    result = subprocess.run(
+        [sys.executable, "-m", "vllm_inline", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"vllm-inline {vllm_inline.__version__} (vllm"), result.stdout
+    assert f"Python {sys.version_info.major}.{sys.version_info.minor}" in result.stdout
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    assert tomllib.loads(pyproject.read_text())["project"]["version"] == vllm_inline.__version__
 
 
 def test_demo_samples_greedily_when_the_model_sets_no_sampling_values() -> None:
