@@ -3,7 +3,8 @@ process a test spawns, and names the test that was running when each one appeare
 
 vLLM names its engine-core process ``VLLM::EngineCore`` (``setproctitle``); a background thread
 lists ``/proc`` twice a second (an engine lives for seconds at the very least) and remembers
-each engine-core pid it has seen. It only reads: it never signals a process. The summary
+each engine-core pid it has seen that descends from this run (another run's engines on the same
+machine are not counted). It only reads: it never signals a process. The summary
 (``engine starts: N``, per module) prints at the end of the run; ``--engine-starts`` lists
 every start. A run that deselects ``engine`` tests (``make test-fast``) fails if any engine
 starts.
@@ -21,7 +22,26 @@ _PROC = "/proc"
 _TITLE = b"VLLM::EngineCore"
 
 
+def _parent(pid: int) -> int:
+    with open(f"{_PROC}/{pid}/stat", "rb") as f:
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after it.
+        return int(f.read().rsplit(b")", 1)[1].split()[1])
+
+
+def _descends_from(pid: int, root: int) -> bool:
+    try:
+        while pid > 1:
+            pid = _parent(pid)
+            if pid == root:
+                return True
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 def _engine_cores() -> set[int]:
+    """Engine-core pids among this process's descendants."""
+    root = os.getpid()
     found: set[int] = set()
     try:
         names = os.listdir(_PROC)
@@ -32,7 +52,7 @@ def _engine_cores() -> set[int]:
             continue
         try:
             with open(f"{_PROC}/{name}/cmdline", "rb") as f:
-                if f.read(len(_TITLE)) == _TITLE:
+                if f.read(len(_TITLE)) == _TITLE and _descends_from(int(name), root):
                     found.add(int(name))
         except OSError:
             continue
@@ -46,7 +66,7 @@ class EngineStarts:
         self.current = "(collection)"
         self.starts: dict[int, str] = {}
         self._stop = threading.Event()
-        self._before = _engine_cores()  # engines of someone else's, running before the run
+        self._before = _engine_cores()  # engines started before the run (at import time)
         self._thread = threading.Thread(target=self._watch, name="engine-starts", daemon=True)
         self._thread.start()
 
