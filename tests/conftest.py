@@ -13,6 +13,7 @@ test restarted, killed or left work on a shared engine. ``engine_starts.py`` cou
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import time
@@ -70,6 +71,13 @@ the first test when the selected modules name them (:func:`shared_engines_starte
 
 _MODELS = pytest.StashKey[dict[str, ScriptedModel]]()
 _STARTED = pytest.StashKey[bool]()
+_PARTLY_SELECTED = pytest.StashKey[set[Path]]()
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    """Remember the modules a `-m`/`-k` selection cut into (see shared_engines_started_together)."""
+    for item in items:
+        item.config.stash.setdefault(_PARTLY_SELECTED, set()).add(item.path)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -121,7 +129,14 @@ def shared_engines_started_together(request: pytest.FixtureRequest) -> None:
     if not _on_shared_engines(request.node) or request.config.stash.get(_STARTED, False):
         return
     request.config.stash[_STARTED] = True
-    sources = {item.path.read_text() for item in request.session.items if _on_shared_engines(item)}
+    # A whole module: its source, fixtures and helpers included. Part of one (`-m smoke`, `-k`):
+    # only the selected tests' own code, so a selection starts no engine it does not use.
+    partly = request.config.stash.get(_PARTLY_SELECTED, set())
+    sources = {
+        inspect.getsource(item.function) if item.path in partly else item.path.read_text()
+        for item in request.session.items
+        if _on_shared_engines(item) and isinstance(item, pytest.Function)
+    }
     if len(sources) < 2:  # one module: its engines start as its tests need them
         return
     from vllm_inline.engine import get_engine, start_engines

@@ -14,6 +14,7 @@ import vllm_inline.engine as engine_module
 from vllm_inline.engine import get_engine
 
 
+@pytest.mark.smoke
 def test_engine_exports_are_pinned():
     assert sorted(engine_module.__all__) == sorted([
         "DEFAULTS", "BadRequestError", "ChatTemplateError", "ContextLengthExceededError",
@@ -26,6 +27,7 @@ def test_engine_exports_are_pinned():
     ])
 
 
+@pytest.mark.smoke
 def test_importing_the_package_loads_neither_torch_nor_vllm():
     code = (
         "import sys, vllm_inline, vllm_inline.engine; "

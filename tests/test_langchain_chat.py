@@ -93,6 +93,7 @@ def test_invoke_stops_at_end_of_turn(scripted: Any, name: str) -> None:
     assert 0 <= cached < usage["input_tokens"]
 
 
+@pytest.mark.smoke
 def test_llama3_stream_has_no_eot_and_no_invented_turn(scripted: Any) -> None:
     s = scripted("llama3")
     tokens = Tokens()
@@ -111,6 +112,7 @@ def test_llama3_stream_has_no_eot_and_no_invented_turn(scripted: Any) -> None:
     assert all(c.usage_metadata is None for c in chunks[:-1])
 
 
+@pytest.mark.smoke
 async def test_astream_matches_invoke(scripted: Any) -> None:
     s = scripted("llama3")
     chat = chat_for(s)

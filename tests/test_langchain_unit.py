@@ -34,10 +34,12 @@ from vllm_inline.integrations.langchain.convert import (
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"  # never started in this module
 
 
+@pytest.mark.smoke
 def test_all_is_pinned() -> None:
     assert lc.__all__ == ["ChatVLLM", "VLLMEmbeddings", "VLLMRerank"]
 
 
+@pytest.mark.smoke
 def test_import_loads_neither_vllm_nor_torch() -> None:
     code = (
         "import sys, vllm_inline.integrations.langchain; "

@@ -68,6 +68,7 @@ async def test_chat_methods(scripted, name: str) -> None:
         check_usage(response)
 
 
+@pytest.mark.smoke
 async def test_completion_methods(scripted) -> None:
     s = scripted("llama3")
     llm = make(s)
@@ -88,6 +89,7 @@ async def test_formatted_completion_sends_the_prompt_as_is(scripted) -> None:
     assert (await llm.acomplete(s.scenario.completion_prompt, formatted=True)).text == expected
 
 
+@pytest.mark.smoke
 async def test_async_stream_does_not_block_the_loop(scripted) -> None:
     llm = make(scripted("llama3"))
     ticks = 0

@@ -27,10 +27,12 @@ from vllm_inline.integrations.llama_index.utils import (
 NO_MODEL = "/nonexistent/vllm-inline-model"  # never started: every error comes first
 
 
+@pytest.mark.smoke
 def test_all_is_pinned() -> None:
     assert li.__all__ == ["VLLM", "VLLMEmbedding", "VLLMRerank"]
 
 
+@pytest.mark.smoke
 def test_import_loads_neither_torch_nor_vllm() -> None:
     code = (
         "import sys; import vllm_inline.integrations.llama_index as m; m.VLLM; "

@@ -1,13 +1,16 @@
 """``examples/openai_server.py`` over a real socket, read by the official ``openai`` client and by
 langchain-openai's ``ChatOpenAI``, on real engines (scripted models).
 
-One server (uvicorn in a thread, on 127.0.0.1) runs at a time: asking for another scenario's
-server stops the previous one, whose lifespan shuts its engine down, so at most one engine of
-this module is in memory. The tests are ordered by scenario to start each engine once.
+One scenario's servers (uvicorn in threads, on 127.0.0.1) run at a time: asking for another
+scenario stops them, and the plain server's lifespan shuts the engine down, so at most one engine
+of this module is in memory. A server with options (API key, limits) runs next to its scenario's
+plain one without a lifespan: it shares the engine (``get_engine``) and leaves it running when it
+stops. The tests are ordered by scenario to start each engine once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import json
@@ -54,14 +57,14 @@ def load_example() -> ModuleType:
 
 
 @contextlib.contextmanager
-def serving(app: Any) -> Iterator[str]:
+def serving(app: Any, lifespan: str = "on") -> Iterator[str]:
     """Serve ``app`` with uvicorn on 127.0.0.1 in a thread; yields the ``/v1`` base URL."""
     import uvicorn
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan=lifespan))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
@@ -80,11 +83,14 @@ def serving(app: Any) -> Iterator[str]:
 class Served:
     """A running server for one scenario."""
 
-    def __init__(self, s: Any, url: str) -> None:
+    def __init__(self, s: Any, url: str, api_key: str | None = None) -> None:
         self.s = s
         self.url = url
         self.model = s.path  # the served model id is the --model given
-        self.client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
+        self.client = self.client_with(api_key or "unused")
+
+    def client_with(self, api_key: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url, api_key=api_key, max_retries=0, timeout=120)
 
     def chat(self, **kwargs: Any) -> Any:
         return self.client.chat.completions.create(model=self.model, **kwargs)
@@ -94,20 +100,28 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def serve(scripted: Any) -> Iterator[Callable[[str], Served]]:
-    """``serve("llama3")``: the server of that scenario, stopping any other one first."""
+def serve(scripted: Any) -> Iterator[Callable[..., Served]]:
+    """``serve("llama3")``: the server of that scenario, stopping another scenario's first;
+    ``serve("llama3", api_key=..., max_n=...)``: one with those ``create_app`` options, next to
+    the plain one (started first: its lifespan starts and stops the shared engine)."""
     module = load_example()
     stack = contextlib.ExitStack()
-    current: dict[str, Served] = {}
+    current: dict[tuple[Any, ...], Served] = {}
 
-    def get(name: str) -> Served:
-        if name not in current:
-            stack.close()
-            current.clear()
+    def get(name: str, **options: Any) -> Served:
+        key = (name, *sorted(options.items()))
+        if key not in current:
+            if options:
+                get(name)
+            elif current:
+                stack.close()
+                current.clear()
             s = scripted(name)
-            url = stack.enter_context(serving(module.create_app(s.path)))
-            current[name] = Served(s, url)
-        return current[name]
+            # api_key="": the plain server stays open even where $VLLM_API_KEY is set.
+            app = module.create_app(s.path, **{"api_key": "", **options})
+            url = stack.enter_context(serving(app, lifespan="off" if options else "on"))
+            current[key] = Served(s, url, options.get("api_key"))
+        return current[key]
 
     with stack:
         yield get
@@ -344,6 +358,77 @@ def test_chat_openai_against_the_app(serve: Callable[[str], Served]) -> None:
     assert short.content == "The answer is" and short.response_metadata["finish_reason"] == "length"
 
 
+# -- llama3, locked: the API key, the body size, the caps -------------------------------------
+
+KEY = "sk-test-key"
+LOCKED = {"api_key": KEY, "max_body_bytes": 4096, "max_tokens_cap": 4, "max_n": 2}
+
+
+def test_an_api_key_locks_v1_but_not_health(serve: Callable[..., Served]) -> None:
+    srv = serve("llama3", **LOCKED)
+    with pytest.raises(openai.AuthenticationError) as e:
+        srv.client_with("sk-wrong").chat.completions.create(model=srv.model, messages=HELLO)
+    assert e.value.status_code == 401 and e.value.code == "invalid_api_key"
+    assert "Unauthorized: the API key is not valid." in e.value.message
+    body = {"model": srv.model, "messages": HELLO}
+    for headers in ({}, {"Authorization": f"Basic {KEY}"}, {"Authorization": KEY}):
+        response = httpx.post(f"{srv.url}/chat/completions", json=body, headers=headers)
+        assert response.status_code == 401, headers
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["param"] is None
+        assert error["code"] == "invalid_api_key" and error["message"].startswith("Unauthorized")
+        assert response.headers["www-authenticate"] == "Bearer"
+    assert httpx.get(f"{srv.url}/models").status_code == 401
+    # The key is checked before the body is read: an oversize body without it is a 401.
+    assert httpx.post(f"{srv.url}/chat/completions", content=b"x" * 10_000).status_code == 401
+    assert httpx.get(srv.url.removesuffix("/v1") + "/health").status_code == 200
+
+    # The right key. max_tokens_cap=4 also caps the default (the answer takes 6 tokens).
+    answer = srv.chat(messages=HELLO)
+    assert answer.choices[0].message.content == "The answer is complete"
+    assert answer.choices[0].finish_reason == "length"
+    assert streamed_text(srv.stream(messages=HELLO, max_tokens=3)) == "The answer is"
+    assert [m.id for m in srv.client.models.list()] == [srv.model]
+
+
+def test_an_oversize_body_is_a_413_naming_the_limit(serve: Callable[..., Served]) -> None:
+    srv = serve("llama3", **LOCKED)
+    big = [{"role": "user", "content": "x" * 5000}]
+    with pytest.raises(openai.APIStatusError) as e:
+        srv.chat(messages=big)
+    assert e.value.status_code == 413 and e.value.code == "request_too_large"
+    assert "limit of 4096 bytes" in e.value.message
+    assert e.value.type == "invalid_request_error"
+
+    # A chunked body has no Content-Length: its bytes are counted as they arrive.
+    def chunked(body: dict[str, Any]) -> Iterator[bytes]:
+        data = json.dumps({"model": srv.model, **body}).encode()
+        yield from (data[i : i + 1000] for i in range(0, len(data), 1000))
+
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    url = f"{srv.url}/chat/completions"
+    response = httpx.post(url, content=chunked({"messages": big}), headers=headers, timeout=60)
+    assert "content-length" not in response.request.headers
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+    response = httpx.post(url, content=chunked({"messages": HELLO}), headers=headers, timeout=60)
+    assert response.json()["choices"][0]["message"]["content"] == "The answer is complete"
+
+
+def test_max_tokens_and_n_over_the_caps_are_400s_naming_them(serve: Callable[..., Served]) -> None:
+    srv = serve("llama3", **LOCKED)
+    for field, value in (("max_tokens", 5), ("max_completion_tokens", 5), ("n", 3)):
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as e:
+                srv.client.chat.completions.create(
+                    model=srv.model, messages=HELLO, stream=stream, **{field: value}
+                )
+            assert e.value.param == field
+            assert f"{field}={value} is invalid: at most " in e.value.message
+    answer = srv.chat(messages=HELLO, n=2, max_completion_tokens=4)
+    assert [c.message.content for c in answer.choices] == ["The answer is complete"] * 2
+
+
 # -- chatml_tools: tool calls, and the multi-turn tool loop -----------------------------------
 
 
@@ -394,3 +479,77 @@ def test_chat_openai_bind_tools_against_the_app(serve: Callable[[str], Served]) 
     assert [(c["name"], c["args"]) for c in streamed.tool_calls] == [("get_weather", {"city": "Oslo"})]
     result = ToolMessage("It is sunny in Oslo.", tool_call_id=message.tool_calls[0]["id"])
     assert with_tools.invoke([ask, message, result]).content == "The weather in Oslo is sunny."
+
+
+# -- the guard alone: a fake ASGI app behind it, no server, no engine -------------------------
+
+
+def guarded(path: str, headers: dict[str, str], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """``messages`` sent through ``Guard(app, KEY, 100)`` to a fake app; what happened."""
+    guard_class = load_example().Guard
+    seen: list[Any] = []
+    incoming = list(messages)
+    sent: list[dict[str, Any]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        while not seen or seen[-1].get("more_body"):  # the body, as Starlette reads it
+            seen.append(await receive())
+        seen.append(await receive())  # then what the server has next: the disconnect
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def receive() -> dict[str, Any]:
+        return incoming.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    scope = {"type": "http", "method": "POST", "path": path, "root_path": "", "headers": raw}
+    asyncio.run(guard_class(app, api_key=KEY, max_body_bytes=100)(scope, receive, send))
+    return {"status": sent[0]["status"], "app_saw": seen, "unread": len(incoming)}
+
+
+def test_the_guard_refuses_before_the_app_and_replays_the_body() -> None:
+    auth = {"Authorization": f"Bearer {KEY}"}
+    disconnect = {"type": "http.disconnect"}
+
+    def chunks(n: int, size: int) -> list[dict[str, Any]]:
+        part = {"type": "http.request", "body": b"x" * size, "more_body": True}
+        return [*[part] * (n - 1), {**part, "more_body": False}, disconnect]
+
+    # Over the limit in the third of four chunks: refused there, the fourth never read.
+    assert guarded("/v1/chat/completions", auth, chunks(4, 40)) == {
+        "status": 413, "app_saw": [], "unread": 2,
+    }
+    assert guarded("/v1/chat/completions", {**auth, "Content-Length": "101"}, chunks(1, 101)) == {
+        "status": 413, "app_saw": [], "unread": 2,
+    }
+    # Under it: the app reads the same messages, then the disconnect from the server.
+    assert guarded("/v1/chat/completions", auth, chunks(3, 30)) == {
+        "status": 200, "app_saw": chunks(3, 30), "unread": 0,
+    }
+    # No key or a wrong one: nothing read, the app never called; /health needs no key.
+    for headers in ({}, {"Authorization": "Bearer sk-wrong"}):
+        assert guarded("/v1/models", headers, chunks(1, 0)) == {
+            "status": 401, "app_saw": [], "unread": 2,
+        }
+    assert guarded("/health", {}, chunks(1, 0))["status"] == 200
+
+
+def test_the_api_key_comes_from_the_flag_else_vllm_api_key(
+    scripted: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uvicorn
+
+    module = load_example()
+    apps: list[Any] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: apps.append(app))
+    monkeypatch.setenv("VLLM_API_KEY", "from-env")
+    path = scripted("llama3").path
+    module.main(["--model", path])
+    module.main(["--model", path, "--api-key", "from-flag"])
+    guards = [m.kwargs for app in apps for m in app.user_middleware if m.cls is module.Guard]
+    assert [g["api_key"] for g in guards] == ["from-env", "from-flag"]
+    with pytest.raises(ValueError, match=r"max_n=0 is invalid"):
+        module.create_app(path, max_n=0)

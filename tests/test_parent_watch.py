@@ -43,6 +43,7 @@ PARENT = textwrap.dedent(
 )
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
 def test_a_spawned_child_gets_sigterm_when_its_parent_dies(tmp_path: Path, how: str) -> None:
     marker, script = tmp_path / "child-was-told", tmp_path / "parent.py"
@@ -93,6 +94,7 @@ def test_other_processes_are_not_watched() -> None:
     assert child.returncode == 0 and child.stdout == "1\n"
 
 
+@pytest.mark.smoke
 def test_engine_environment_carries_the_boot_directory_and_this_pid() -> None:
     environment = _vllm_boot.engine_environment()
     boot = environment["PYTHONPATH"].split(os.pathsep)[0]

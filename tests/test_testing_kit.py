@@ -37,6 +37,7 @@ DOCS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "testing.md"
 # -- the kit ----------------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 def test_exports_are_pinned() -> None:
     assert kit.__all__ == [
         "CPU_TEST_ENGINE_KWARGS",
@@ -80,6 +81,7 @@ def test_cpu_engine_settings(tmp_path: Path) -> None:
     assert "enable_lora" not in CPU_TEST_ENGINE_KWARGS  # a copy, not the shared dict
 
 
+@pytest.mark.smoke
 def test_every_template_ships_as_a_jinja_file(tmp_path: Path) -> None:
     shipped = {name: chat_template(name) for name in TEMPLATE_NAMES}
     used = {sc.chat_template for sc in SCENARIOS.values()}
@@ -91,6 +93,7 @@ def test_every_template_ships_as_a_jinja_file(tmp_path: Path) -> None:
         chat_template("qwen9")
 
 
+@pytest.mark.smoke
 def test_a_build_is_reused_and_complete(tmp_path: Path) -> None:
     first = build_scripted_model("llama3", root=tmp_path)
     assert build_scripted_model("llama3", root=tmp_path) == first
