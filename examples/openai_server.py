@@ -1,20 +1,26 @@
 """An OpenAI-compatible ``/v1/chat/completions`` inside your own FastAPI app, on vLLM in-process.
 
-    python examples/openai_server.py [--model M] [--host 127.0.0.1] [--port 8000]
-    MODEL=<hub id or path> uvicorn --factory examples.openai_server:create_app   # the same app
+    python examples/openai_server.py [--model M] [--host 127.0.0.1] [--port 8000] [--api-key KEY]
+    VLLM_API_KEY=<key> MODEL=<hub id or path> uvicorn --factory examples.openai_server:create_app
     curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+        -H "Authorization: Bearer $VLLM_API_KEY" \\
         -d '{"model": "<the id /v1/models lists>", "stream": true,
              "messages": [{"role": "user", "content": "Hello"}]}'
 
 Any OpenAI client works against it (``OpenAI(base_url="http://127.0.0.1:8000/v1",
-api_key="unused")``, LangChain's ``ChatOpenAI(base_url=...)``). This is the hand-written
+api_key=<the key>)``, LangChain's ``ChatOpenAI(base_url=...)``). This is the hand-written
 "FastAPI + vLLM backend" with the hand-written parts gone: delta streaming, the model's stop
 tokens, its chat template, token counts, tool-call parsing and the ``max_tokens=512`` /
 ``repetition_penalty=1.1`` defaults all come from :mod:`vllm_inline.engine`; what is left here
 is the translation between OpenAI's wire format and the engine's call, which is yours to extend
-(auth, your own routes, a RAG chain in front of the model sharing the same engine through
+(your own routes, a RAG chain in front of the model sharing the same engine through
 ``get_engine``). For a plain model server with nothing of yours around it, ``vllm serve`` is the
 better answer: see docs/migration.md.
+
+As with ``vllm serve``, an API key (``--api-key``, else ``$VLLM_API_KEY``) locks every
+``/v1/...`` route (401 without ``Authorization: Bearer <key>``; ``/health`` stays open); without
+one the server is open. Bodies over ``--max-body-bytes`` and requests over ``--max-tokens-cap``
+or ``--max-n`` are refused before they reach the engine (the guard, below).
 
 The engine lives in the server process: run one worker (``--workers 1``; every worker process
 would load its own copy of the model).
@@ -24,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -34,9 +42,11 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vllm_inline.cli import resolve_model
 from vllm_inline.engine import (
+    DEFAULTS,
     BadRequestError,
     ContextLengthExceededError,
     Delta,
@@ -141,10 +151,125 @@ async def cancel_on_disconnect(request: Request, work: asyncio.Future[Any]) -> b
     return True
 
 
-def create_app(model: str | None = None, served_model_name: str | None = None) -> FastAPI:
+# -- the guard: API key, body size and per-request caps, all checked before the engine -------
+
+MAX_BODY_BYTES = 1 << 20
+"""1 MiB. Text is about 4 bytes a token, so even a request that fills a 128k-token context is
+about half of this as JSON: no text request a model can take is refused, while no client makes
+the server buffer and parse megabytes. Images sent inline (base64 data URLs) need more."""
+MAX_N = 8
+"""Each of ``n`` choices is a sequence of its own in vLLM's batch (its KV cache, its steps): 8
+allows sampling a few answers to pick from, and no request takes more than 8 of the batch's
+128-1024 sequence slots (vLLM's ``max_num_seqs``)."""
+
+
+class Guard:
+    """Pure ASGI middleware in front of ``/v1``, as ``vllm serve``'s: the API key (401 without
+    ``Authorization: Bearer <key>``), then the body size (413 over ``max_body_bytes``, by its
+    ``Content-Length`` or by the bytes as they arrive), before any of the body reaches the app.
+    Other paths (``/health``) and CORS preflights (``OPTIONS``) pass."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int | None) -> None:
+        self.app = app
+        # Digests have one length: compare_digest then takes the same time for any key sent.
+        self.key = hashlib.sha256(api_key.encode()).digest() if api_key else None
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "").removeprefix(scope.get("root_path", ""))
+        if (
+            scope["type"] not in ("http", "websocket")
+            or scope.get("method") == "OPTIONS"
+            or not path.startswith("/v1")
+        ):
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        if self.key is not None:
+            scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+            digest = hashlib.sha256(token).digest()
+            if not (secrets.compare_digest(digest, self.key) and scheme.lower() == b"bearer"):
+                if scope["type"] == "websocket":
+                    return await send({"type": "websocket.close", "code": 1008})
+                # vllm serve answers {"error": "Unauthorized"}; OpenAI clients read this shape.
+                reason = "the API key is not valid" if scheme else "send Authorization: Bearer <key>"
+                error = openai_error(401, f"Unauthorized: {reason}.", code="invalid_api_key")
+                error.headers["WWW-Authenticate"] = "Bearer"
+                return await error(scope, receive, send)
+        if scope["type"] == "http" and self.max_body_bytes is not None:
+            length = headers.get(b"content-length", b"")
+            too_long = length.isdigit() and int(length) > self.max_body_bytes
+            body = None if too_long else await self.read_body(receive)
+            if body is None:
+                limit = f"this server's limit of {self.max_body_bytes} bytes (--max-body-bytes)"
+                message = f"The request body is larger than {limit}."
+                error = openai_error(413, message, code="request_too_large")
+                return await error(scope, receive, send)
+            receive = replay(body, receive)
+        await self.app(scope, receive, send)
+
+    async def read_body(self, receive: Receive) -> list[Message] | None:
+        """The body's messages, counted as they arrive (a chunked body has no Content-Length);
+        None past the limit, without reading further."""
+        messages: list[Message] = []
+        size, more = 0, True
+        while more:
+            messages.append(message := await receive())
+            if message["type"] != "http.request":  # the client left: the app will see it
+                break
+            size += len(message.get("body", b""))
+            if size > (self.max_body_bytes or 0):
+                return None
+            more = message.get("more_body", False)
+        return messages
+
+
+def replay(messages: list[Message], receive: Receive) -> Receive:
+    """``receive`` for the app: ``messages`` first, then the server's (the disconnect)."""
+    pending = list(reversed(messages))
+
+    async def receive_again() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return receive_again
+
+
+def check_caps(body: Mapping[str, Any], max_tokens_cap: int | None, max_n: int | None) -> None:
+    """Refuse a request over the server's caps (400 naming the field), before the engine."""
+    for name, cap, flag in (
+        ("max_tokens", max_tokens_cap, "--max-tokens-cap"),
+        ("max_completion_tokens", max_tokens_cap, "--max-tokens-cap"),
+        ("n", max_n, "--max-n"),
+    ):
+        value = body.get(name)
+        if cap is not None and isinstance(value, (int, float)) and value > cap:
+            raise BadRequestError.invalid(name, value, f"at most {cap} on this server ({flag})")
+
+
+def create_app(
+    model: str | None = None,
+    served_model_name: str | None = None,
+    *,
+    api_key: str | None = None,
+    max_body_bytes: int | None = MAX_BODY_BYTES,
+    max_tokens_cap: int | None = None,
+    max_n: int | None = MAX_N,
+) -> FastAPI:
     """The app for ``model`` (a hub id or path; default: the embedded scripted demo model),
     listed by ``/v1/models`` as ``served_model_name`` (default: ``model``, or
-    ``"vllm-inline-demo"`` for the demo model)."""
+    ``"vllm-inline-demo"`` for the demo model).
+
+    ``api_key`` (default: ``$VLLM_API_KEY``; ``""`` for none) locks ``/v1``. A request body over
+    ``max_body_bytes`` is refused (413), and so is (400) a ``max_tokens`` /
+    ``max_completion_tokens`` over ``max_tokens_cap`` (default: the model's context) or an
+    ``n`` over ``max_n``; ``None`` lifts a limit. With a cap, a request that names no
+    ``max_tokens`` gets the smaller of the cap and the engine's default.
+    """
+    limits = {"max_body_bytes": max_body_bytes, "max_tokens_cap": max_tokens_cap, "max_n": max_n}
+    for name, value in limits.items():
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name}={value!r} is invalid: a positive integer, or None.")
+    if api_key is None:
+        api_key = os.environ.get("VLLM_API_KEY")
     model = model or os.environ.get("MODEL") or None
     path = resolve_model(model)
     engine = get_engine(path)  # on a CPU the engine picks dtype, KV cache and eager mode itself
@@ -158,6 +283,7 @@ def create_app(model: str | None = None, served_model_name: str | None = None) -
         await asyncio.to_thread(engine.shutdown)
 
     app = FastAPI(lifespan=lifespan)
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
 
     @app.exception_handler(BadRequestError)
     async def bad_request(request: Request, e: BadRequestError) -> JSONResponse:
@@ -167,6 +293,11 @@ def create_app(model: str | None = None, served_model_name: str | None = None) -
     @app.exception_handler(EngineUnavailableError)
     async def unavailable(request: Request, e: EngineUnavailableError) -> JSONResponse:
         return openai_error(503, str(e))
+
+    @app.get("/health")
+    async def health() -> Response:
+        """200 while the engine runs; open without a key, as ``vllm serve``'s."""
+        return Response(status_code=200 if engine.started else 503)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -186,7 +317,10 @@ def create_app(model: str | None = None, served_model_name: str | None = None) -
                 404, f"The model {body.get('model')!r} does not exist; this server has "
                 f"{model_id!r} (see /v1/models).", "model", "model_not_found",
             )
+        check_caps(body, max_tokens_cap, max_n)
         kwargs = engine_kwargs(body)
+        if max_tokens_cap is not None and "max_tokens" not in kwargs:
+            kwargs["max_tokens"] = min(max_tokens_cap, DEFAULTS["max_tokens"])
         meta = {
             "id": f"chatcmpl-{uuid.uuid4().hex}", "model": model_id, "created": int(time.time()),
         }
@@ -256,8 +390,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--served-model-name", help="the id clients send as `model`")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--api-key", help="require `Authorization: Bearer KEY` on /v1 (default: $VLLM_API_KEY)"
+    )
+    parser.add_argument(
+        "--max-body-bytes", type=int, default=MAX_BODY_BYTES,
+        help="refuse larger request bodies (413; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-tokens-cap", type=int,
+        help="refuse a larger max_tokens / max_completion_tokens (default: the model's context)",
+    )
+    parser.add_argument(
+        "--max-n", type=int, default=MAX_N, help="refuse a larger n (default: %(default)s)"
+    )
     args = parser.parse_args(argv)
-    uvicorn.run(create_app(args.model, args.served_model_name), host=args.host, port=args.port)
+    app = create_app(
+        args.model, args.served_model_name, api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes, max_tokens_cap=args.max_tokens_cap, max_n=args.max_n,
+    )
+    uvicorn.run(app, host=args.host, port=args.port)
 
 
 if __name__ == "__main__":
