@@ -253,6 +253,7 @@ def create_app(
     max_body_bytes: int | None = MAX_BODY_BYTES,
     max_tokens_cap: int | None = None,
     max_n: int | None = MAX_N,
+    vllm_kwargs: Mapping[str, Any] | None = None,
 ) -> FastAPI:
     """The app for ``model`` (a hub id or path; default: the embedded scripted demo model),
     listed by ``/v1/models`` as ``served_model_name`` (default: ``model``, or
@@ -262,7 +263,8 @@ def create_app(
     ``max_body_bytes`` is refused (413), and so is (400) a ``max_tokens`` /
     ``max_completion_tokens`` over ``max_tokens_cap`` (default: the model's context) or an
     ``n`` over ``max_n``; ``None`` lifts a limit. With a cap, a request that names no
-    ``max_tokens`` gets the smaller of the cap and the engine's default.
+    ``max_tokens`` gets the smaller of the cap and the engine's default. ``vllm_kwargs``: the
+    engine's options (default: on a CPU the engine picks dtype, KV cache and eager mode itself).
     """
     limits = {"max_body_bytes": max_body_bytes, "max_tokens_cap": max_tokens_cap, "max_n": max_n}
     for name, value in limits.items():
@@ -272,15 +274,19 @@ def create_app(
         api_key = os.environ.get("VLLM_API_KEY")
     model = model or os.environ.get("MODEL") or None
     path = resolve_model(model)
-    engine = get_engine(path)  # on a CPU the engine picks dtype, KV cache and eager mode itself
+    engine = get_engine(path, **dict(vllm_kwargs or {}))
     model_id = served_model_name or model or "vllm-inline-demo"
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # Start the engine with the server, in a thread so the loop runs while the model loads.
+        # Start the engine with the server, in a thread so the loop runs while the model loads;
+        # at the end stop it if this server started it (one already running in the process is
+        # shared through get_engine and stays up for its other users).
+        started_here = not engine.started
         await asyncio.to_thread(engine.start)
         yield
-        await asyncio.to_thread(engine.shutdown)
+        if started_here:
+            await asyncio.to_thread(engine.shutdown)
 
     app = FastAPI(lifespan=lifespan)
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
@@ -388,6 +394,10 @@ def main(argv: list[str] | None = None) -> None:
         "--model", help="hub id or local path (default: $MODEL, else the embedded demo model)"
     )
     parser.add_argument("--served-model-name", help="the id clients send as `model`")
+    parser.add_argument(
+        "--vllm-kwargs", type=json.loads,
+        help='engine options as JSON, e.g. \'{"max_model_len": 4096}\' (default: the engine\'s choice)',
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
@@ -408,6 +418,7 @@ def main(argv: list[str] | None = None) -> None:
     app = create_app(
         args.model, args.served_model_name, api_key=args.api_key,
         max_body_bytes=args.max_body_bytes, max_tokens_cap=args.max_tokens_cap, max_n=args.max_n,
+        vllm_kwargs=args.vllm_kwargs,
     )
     uvicorn.run(app, host=args.host, port=args.port)
 

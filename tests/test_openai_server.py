@@ -1,11 +1,11 @@
 """``examples/openai_server.py`` over a real socket, read by the official ``openai`` client and by
 langchain-openai's ``ChatOpenAI``, on real engines (scripted models).
 
-One scenario's servers (uvicorn in threads, on 127.0.0.1) run at a time: asking for another
-scenario stops them, and the plain server's lifespan shuts the engine down, so at most one engine
-of this module is in memory. A server with options (API key, limits) runs next to its scenario's
-plain one without a lifespan: it shares the engine (``get_engine``) and leaves it running when it
-stops. The tests are ordered by scenario to start each engine once.
+The servers run on the suite's shared engines (``vllm_kwargs`` are the scenario's engine options,
+so ``get_engine`` hands out the engine the other modules use): their lifespan finds the engine
+running and leaves it running when the server stops. One scenario's servers (uvicorn in
+threads, on 127.0.0.1) run at a time; a server with options (API key, limits) runs next to its
+scenario's plain one, without a lifespan.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class Served:
 def serve(scripted: Any) -> Iterator[Callable[..., Served]]:
     """``serve("llama3")``: the server of that scenario, stopping another scenario's first;
     ``serve("llama3", api_key=..., max_n=...)``: one with those ``create_app`` options, next to
-    the plain one (started first: its lifespan starts and stops the shared engine)."""
+    the plain one (started first: its lifespan starts the shared engine if no test has yet)."""
     module = load_example()
     stack = contextlib.ExitStack()
     current: dict[tuple[Any, ...], Served] = {}
@@ -118,7 +118,9 @@ def serve(scripted: Any) -> Iterator[Callable[..., Served]]:
                 current.clear()
             s = scripted(name)
             # api_key="": the plain server stays open even where $VLLM_API_KEY is set.
-            app = module.create_app(s.path, **{"api_key": "", **options})
+            app = module.create_app(
+                s.path, vllm_kwargs=s.engine_kwargs, **{"api_key": "", **options}
+            )
             url = stack.enter_context(serving(app, lifespan="off" if options else "on"))
             current[key] = Served(s, url, options.get("api_key"))
         return current[key]
@@ -175,7 +177,7 @@ def test_streamed_deltas_concatenate_to_the_non_streamed_answer(serve: Callable[
 
 def test_usage_is_the_real_token_count(serve: Callable[[str], Served]) -> None:
     srv = serve("llama3")
-    prompt_tokens = len(get_engine(srv.s.path).prompt_token_ids(HELLO))
+    prompt_tokens = len(srv.s.engine.prompt_token_ids(HELLO))
     completion_tokens = 6  # "The", " answer", " is", " complete", ".", <|eot_id|>
     answer = srv.chat(messages=HELLO)
     assert answer.usage.prompt_tokens == prompt_tokens
@@ -253,7 +255,7 @@ def test_multi_turn(serve: Callable[[str], Served]) -> None:
     ]
     answer = srv.chat(messages=messages)
     assert answer.choices[0].message.content == "The answer is complete."
-    assert answer.usage.prompt_tokens == len(get_engine(srv.s.path).prompt_token_ids(messages))
+    assert answer.usage.prompt_tokens == len(srv.s.engine.prompt_token_ids(messages))
     assert answer.usage.prompt_tokens > srv.chat(messages=HELLO).usage.prompt_tokens
 
 
@@ -306,7 +308,7 @@ def _wait_idle(engine: Any, timeout: float = 10.0) -> float:
 
 def test_a_client_that_disconnects_aborts_its_request(serve: Callable[[str], Served]) -> None:
     srv = serve("llama3")
-    engine = get_engine(srv.s.path)  # the app's engine: the example passes no vllm_kwargs
+    engine = srv.s.engine  # the app's engine: the suite's shared one
     # ignore_eos makes the model loop over its invented turn up to max_tokens: a long request.
     body = {"model": srv.model, "messages": HELLO, "max_tokens": 400, "ignore_eos": True}
     start = time.monotonic()
@@ -344,7 +346,7 @@ def test_chat_openai_against_the_app(serve: Callable[[str], Served]) -> None:
     assert message.content == "The answer is complete."
     assert message.response_metadata["finish_reason"] == "stop"
     hello = [{"role": "user", "content": "Hello"}]
-    prompt_tokens = len(get_engine(srv.s.path).prompt_token_ids(hello))
+    prompt_tokens = len(srv.s.engine.prompt_token_ids(hello))
     assert message.usage_metadata["input_tokens"] == prompt_tokens
     assert message.usage_metadata["output_tokens"] == 6
     chunks = list(llm.stream("Hello"))
@@ -553,3 +555,23 @@ def test_the_api_key_comes_from_the_flag_else_vllm_api_key(
     assert [g["api_key"] for g in guards] == ["from-env", "from-flag"]
     with pytest.raises(ValueError, match=r"max_n=0 is invalid"):
         module.create_app(path, max_n=0)
+
+
+async def test_the_lifespan_stops_only_an_engine_it_started(scripted: Any) -> None:
+    s = scripted("llama3")
+    s.engine.start()  # running already, as for every test on the suite's engines
+    module = load_example()
+    shared = module.create_app(s.path, vllm_kwargs=s.engine_kwargs)
+    async with shared.router.lifespan_context(shared):
+        assert s.engine.started
+    assert s.engine.started  # the suite's engine: other users in this process keep it
+    own_options = {**s.engine_kwargs, "max_num_seqs": 3}  # another engine of the same model
+    own = module.create_app(s.path, vllm_kwargs=own_options)
+    engine = get_engine(s.path, **own_options)
+    try:
+        assert not engine.started
+        async with own.router.lifespan_context(own):
+            assert engine.started
+        assert not engine.started
+    finally:
+        engine.shutdown()
