@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from .deltas import Delta, TokenLogprob, Usage
+from .errors import GenerationFailedError
 from .images import text_view
 from .lora import lora_request
 from .metrics import request_metrics
@@ -77,50 +78,68 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
         parsers: dict[int, OutputParser] = {}
         completion_tokens = 0
         pending_ids: dict[int, list[int]] = {}
-        request_id = f"vllm-inline-{next(_request_ids)}"
-        stream = llm.generate(
-            engine_input, params, request_id, lora_request=lora, priority=request.priority
-        )
-        async for out in stream:
-            last = len(out.outputs) - 1
-            for k, c in enumerate(out.outputs):
-                completion_tokens += len(c.token_ids)
-                parser = parsers.get(c.index)
-                if parser is None:
-                    parser = parsers[c.index] = make_parser(prompt_ids)
-                finish = c.finish_reason
-                if request.stream:
-                    parsed = parser.feed(c.text, c.token_ids, finish is not None)
-                else:  # FINAL_ONLY: the whole answer of a finished choice
-                    parsed = parser.parse(c.text, c.token_ids)
-                text, reasoning, tool_calls = parsed
-                if finish == "stop" and parser.called_tools:
-                    finish = "tool_calls"
-                usage = metrics = None
-                if out.finished and k == last:
-                    usage = Usage(
-                        len(out.prompt_token_ids or ()) or prompt_tokens,
-                        completion_tokens,
-                        out.num_cached_tokens or 0,
+        for attempt in (1, 2):
+            request_id = f"vllm-inline-{next(_request_ids)}"
+            stream = llm.generate(
+                engine_input, params, request_id, lora_request=lora, priority=request.priority
+            )
+            async for out in stream:
+                if out.finished and any(c.finish_reason == "error" for c in out.outputs):
+                    break
+                last = len(out.outputs) - 1
+                for k, c in enumerate(out.outputs):
+                    completion_tokens += len(c.token_ids)
+                    parser = parsers.get(c.index)
+                    if parser is None:
+                        parser = parsers[c.index] = make_parser(prompt_ids)
+                    finish = c.finish_reason
+                    if request.stream:
+                        parsed = parser.feed(c.text, c.token_ids, finish is not None)
+                    else:  # FINAL_ONLY: the whole answer of a finished choice
+                        parsed = parser.parse(c.text, c.token_ids)
+                    text, reasoning, tool_calls = parsed
+                    if finish == "stop" and parser.called_tools:
+                        finish = "tool_calls"
+                    usage = metrics = None
+                    if out.finished and k == last:
+                        usage = Usage(
+                            len(out.prompt_token_ids or ()) or prompt_tokens,
+                            completion_tokens,
+                            out.num_cached_tokens or 0,
+                        )
+                        metrics = request_metrics(out.metrics)
+                    ids = pending_ids.pop(c.index, []) + list(c.token_ids)
+                    if not (text or reasoning or tool_calls or finish):
+                        pending_ids[c.index] = ids  # partial UTF-8: carried to the next delta
+                        continue
+                    yield Delta(
+                        text=text,
+                        reasoning=reasoning,
+                        tool_calls=tool_calls,
+                        token_ids=tuple(ids),
+                        logprobs=_logprobs(c.logprobs, c.token_ids) if c.logprobs is not None else None,
+                        index=c.index,
+                        finish_reason=finish,
+                        stop_reason=c.stop_reason,
+                        usage=usage,
+                        metrics=metrics,
                     )
-                    metrics = request_metrics(out.metrics)
-                ids = pending_ids.pop(c.index, []) + list(c.token_ids)
-                if not (text or reasoning or tool_calls or finish):
-                    pending_ids[c.index] = ids  # partial UTF-8: carried to the next delta
-                    continue
-                yield Delta(
-                    text=text,
-                    reasoning=reasoning,
-                    tool_calls=tool_calls,
-                    token_ids=tuple(ids),
-                    logprobs=_logprobs(c.logprobs, c.token_ids) if c.logprobs is not None else None,
-                    index=c.index,
-                    finish_reason=finish,
-                    stop_reason=c.stop_reason,
-                    usage=usage,
-                    metrics=metrics,
-                )
 
+            else:
+                return
+            # vLLM ended the request with its "error" finish (FinishReason.ERROR), which it
+            # defines as a retryable request-level failure. Seen here: its multimodal cache drift
+            # (an image rendered before, e.g. by prompt_token_ids, is taken for cached in the
+            # engine core, which never got it; vLLM then drops the entry, so a request rendered
+            # again carries the image). Its server answers 500 and leaves the retry to the
+            # client: the client is this loop, once, while nothing has been streamed.
+            if completion_tokens or attempt == 2:
+                raise GenerationFailedError(
+                    f"vLLM failed this request on {runtime.model!r} (finish_reason 'error', "
+                    f"{attempt} attempt(s)). The engine keeps serving; sending the request again "
+                    "may work (see the log above for the cause)."
+                )
+            engine_input = await render(runtime, request)
 
 def _logprobs(steps: Sequence[Mapping[int, Any]], token_ids: Sequence[int]) -> tuple[TokenLogprob, ...]:
     """vLLM's per-step ``{token_id: Logprob}`` dicts as :class:`TokenLogprob` objects."""

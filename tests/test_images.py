@@ -162,6 +162,20 @@ def test_prompt_token_ids_count_the_image_tokens(vision: Vision) -> None:
     assert vision.engine.accepts_images
 
 
+def test_an_image_counted_before_it_is_sent_still_gets_its_answer(vision: Vision) -> None:
+    """Counting renders the image through vLLM's processor, whose front-end cache then takes it
+    for sent to the engine core: the next request with it came back with no token and
+    finish_reason 'error' (vLLM's retryable cache-drift answer). The engine renders it again
+    and retries once. The colour is this test's own, so no other test has sent it before."""
+    chat = _chat(_url_part(_data_url(_png("#0cc863"))))
+    counted = vision.engine.prompt_token_ids(chat)
+    deltas = list(vision.engine.stream(chat, max_tokens=MAX_TOKENS, temperature=0))
+    assert deltas[-1].finish_reason == "length"
+    assert deltas[-1].usage.prompt_tokens == len(counted)
+    again = list(vision.engine.stream(chat, max_tokens=MAX_TOKENS, temperature=0))
+    assert _ids(deltas) == _ids(again) and len(_ids(deltas)) == MAX_TOKENS
+
+
 def _bad_requests(vision: Vision) -> list[tuple[str, list[dict[str, Any]], str, str]]:
     red = _url_part(_data_url(_png("red")))
     truncated = _png("red")[:40]
