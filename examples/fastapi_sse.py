@@ -39,10 +39,14 @@ def create_app(model: str | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Start the engine with the server (it would otherwise start on the first request);
-        # in a thread, so the event loop keeps running while the model loads.
+        # in a thread, so the event loop keeps running while the model loads. At the end stop
+        # it if this server started it: one already running in the process is shared (same
+        # model and options) and stays up for its other users.
+        started_here = not llm.engine.started
         await asyncio.to_thread(llm.engine.start)
         yield
-        await asyncio.to_thread(llm.engine.shutdown)
+        if started_here:
+            await asyncio.to_thread(llm.engine.shutdown)
 
     app = FastAPI(lifespan=lifespan)
     # vLLM's own metrics of every engine in this process (docs/observability.md).

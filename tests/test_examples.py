@@ -118,6 +118,7 @@ def test_fastapi_endpoint_streams_sse_over_a_real_socket(scripted: Any) -> None:
 
     s = scripted("demo")
     app = load("fastapi_sse").create_app(s.path)
+    running_before = get_engine(s.path).started  # the example's engine: no options
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -150,3 +151,6 @@ def test_fastapi_endpoint_streams_sse_over_a_real_socket(scripted: Any) -> None:
     assert usage["output_tokens"] == len(texts) + 1  # each word, then <|eot_id|>
     assert events[-1] == ("done", "[DONE]")
     assert not thread.is_alive()
+    # The lifespan stops the engine only if it started it (alone, this test; in the suite, the
+    # engine the other examples started stays up for test_observability).
+    assert get_engine(s.path).started == running_before
