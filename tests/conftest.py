@@ -25,6 +25,8 @@ import pytest
 
 from vllm_inline.testing import ScriptedModel, scripted_model
 
+from launches import Launches
+
 pytest_plugins = ["engine_starts"]
 
 OWN_PROCESSES = (
@@ -119,6 +121,14 @@ def scripted(
     shutdown_all()
 
 
+@pytest.fixture(scope="session")
+def launches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launches]:
+    """Commands run in processes of their own (tests/launches.py)."""
+    running = Launches(tmp_path_factory)
+    yield running
+    running.close()
+
+
 @pytest.fixture(autouse=True)
 def shared_engines_started_together(request: pytest.FixtureRequest) -> None:
     """At the first test on the shared engines, start at once those the selected tests name
@@ -129,6 +139,13 @@ def shared_engines_started_together(request: pytest.FixtureRequest) -> None:
     if not _on_shared_engines(request.node) or request.config.stash.get(_STARTED, False):
         return
     request.config.stash[_STARTED] = True
+    # The selected tests' own processes (tests/launches.py) start now and run beside these;
+    # not under pytest-xdist, where another worker may run the tests that read them.
+    if not hasattr(request.config, "workerinput"):
+        launched = request.getfixturevalue("launches")
+        for item in request.session.items:
+            for marker in item.iter_markers("launches"):
+                launched.start(*marker.args)
     # A whole module: its source, fixtures and helpers included. Part of one (`-m smoke`, `-k`):
     # only the selected tests' own code, so a selection starts no engine it does not use.
     partly = request.config.stash.get(_PARTLY_SELECTED, set())

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from launches import Command, Launches, command
 from vllm_inline.engine import _vllm_boot, _vllm_quiet
 from vllm_inline.testing import SCENARIOS
 
@@ -47,16 +48,20 @@ def _environment(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-@pytest.mark.engine
-def test_chatvllm_start_answer_shutdown_prints_only_the_answer_and_progress(tmp_path: Path) -> None:
+@command("first-run")
+def first_run(tmp_path: Path) -> Command:
     script = tmp_path / "first_run.py"
     script.write_text(SCRIPT)
     # The engine's own CPU defaults, as in the README snippet: no vllm_kwargs.
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True, text=True, env=_environment(tmp_path), timeout=600, cwd=tmp_path,
-        check=False,
-    )
+    return Command([sys.executable, str(script)], _environment(tmp_path), cwd=tmp_path)
+
+
+@pytest.mark.engine
+@pytest.mark.launches("first-run")
+def test_chatvllm_start_answer_shutdown_prints_only_the_answer_and_progress(
+    launches: Launches,
+) -> None:
+    result = launches.result("first-run")
     assert result.returncode == 0, result.stderr[-3000:]
     # vLLM's INFO lines go to stdout: none of them either.
     assert result.stdout == f"ANSWER: {SCENARIOS['llama3'].answer}\n", result.stdout[-3000:]

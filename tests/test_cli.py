@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from launches import Command, Launches, command
 from vllm_inline.testing import SCENARIOS
 
 ANSWER = SCENARIOS["demo"].answer
@@ -20,18 +21,20 @@ SUMMARY = re.compile(
 )
 
 
-def run_cli(args: list[str], tmp_path: Path, stdin: str = "") -> subprocess.CompletedProcess[str]:
+def cli(args: list[str], tmp_path: Path, stdin: str = "") -> Command:
     env = {**os.environ, "VLLMINLINE_CACHE": str(tmp_path)}  # build the demo model here
     env.pop("MODEL", None)
-    return subprocess.run(
-        [sys.executable, "-m", "vllm_inline", *args],
-        input=stdin, capture_output=True, text=True, env=env, timeout=300,
-    )
+    return Command([sys.executable, "-m", "vllm_inline", *args], env, stdin=stdin, timeout=300)
+
+
+command("cli-demo")(lambda tmp_path: cli(["demo"], tmp_path))
+command("cli-chat")(lambda tmp_path: cli(["chat"], tmp_path, stdin="Hello!\n"))
 
 
 @pytest.mark.engine
-def test_demo_streams_through_engine_langchain_and_llama_index(tmp_path: Path) -> None:
-    result = run_cli(["demo"], tmp_path)
+@pytest.mark.launches("cli-demo")
+def test_demo_streams_through_engine_langchain_and_llama_index(launches: Launches) -> None:
+    result = launches.result("cli-demo")
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     for header in ("== vllm_inline.engine:", "== LangChain:", "== LlamaIndex:"):
@@ -51,8 +54,9 @@ def test_demo_streams_through_engine_langchain_and_llama_index(tmp_path: Path) -
 
 
 @pytest.mark.engine
-def test_chat_answers_a_line_from_stdin(tmp_path: Path) -> None:
-    result = run_cli(["chat"], tmp_path, stdin="Hello!\n")
+@pytest.mark.launches("cli-chat")
+def test_chat_answers_a_line_from_stdin(launches: Launches) -> None:
+    result = launches.result("cli-chat")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "you> assistant> " + ANSWER + "\n" in result.stdout
     assert SUMMARY.search(result.stdout)
