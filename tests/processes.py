@@ -1,12 +1,15 @@
 """What a test that starts processes needs to clean up after itself: the processes a child
-started (by pid and start time, never by name) and the ``/dev/shm`` entries that appeared
-while it ran."""
+started (by pid and start time, never by name) and the ``/dev/shm`` entries they created
+(those that appeared while it ran and that its processes hold: another run on the machine
+creates entries meanwhile)."""
 
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import psutil
 
@@ -20,6 +23,34 @@ def shm_entries() -> set[str]:
         return set(os.listdir(SHM))
     except FileNotFoundError:
         return set()
+
+
+def held_shm(processes: Iterable[psutil.Process], among: set[str]) -> set[str]:
+    """Those of ``among`` (names in ``/dev/shm``) that ``processes`` have mapped or open.
+
+    Matched by inode: a process that creates a semaphore maps it under a temporary name, which
+    glibc then links to the ``sem.*`` name and unlinks."""
+    inodes = {}
+    for name in among:
+        try:
+            inodes[os.stat(os.path.join(SHM, name)).st_ino] = name
+        except FileNotFoundError:
+            pass
+    held = set()
+    for p in processes:
+        try:
+            with open(f"/proc/{p.pid}/maps") as maps:
+                for line in maps:
+                    fields = line.split(maxsplit=5)
+                    if len(fields) == 6 and fields[5].startswith(SHM + "/"):
+                        held.add(int(fields[4]))
+            for fd in os.listdir(f"/proc/{p.pid}/fd"):
+                path = f"/proc/{p.pid}/fd/{fd}"
+                if os.readlink(path).startswith(SHM + "/"):
+                    held.add(os.stat(path).st_ino)
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            pass  # gone meanwhile
+    return {name for inode, name in inodes.items() if inode in held}
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
@@ -42,11 +73,13 @@ def alive(processes: Iterable[psutil.Process]) -> list[psutil.Process]:
 
 
 def wait_gone(
-    processes: list[psutil.Process], entries: set[str], timeout: float
+    processes: list[psutil.Process], entries: set[str], timeout: float,
+    since: float | None = None,
 ) -> tuple[list[psutil.Process], set[str], float]:
-    """Wait up to ``timeout`` s for ``processes`` to exit and ``entries`` to leave
-    ``/dev/shm``; returns what is still there and the seconds waited."""
-    start = time.monotonic()
+    """Wait up to ``timeout`` s (counted from ``since``, a ``time.monotonic()``, if given) for
+    ``processes`` to exit and ``entries`` to leave ``/dev/shm``; returns what is still there
+    and the seconds waited."""
+    start = time.monotonic() if since is None else since
     while True:
         left, shm_left = alive(processes), entries & shm_entries()
         waited = time.monotonic() - start
@@ -69,3 +102,77 @@ def clean_up(processes: Iterable[psutil.Process], entries: Iterable[str]) -> Non
             os.unlink(os.path.join(SHM, name))
         except FileNotFoundError:
             pass
+
+
+def describe(processes: Iterable[psutil.Process]) -> list[str]:
+    """``pid (parent ppid) command line`` of each process still alive, for a failure message."""
+    lines = []
+    for p in alive(processes):
+        try:
+            lines.append(f"{p.pid} (parent {p.ppid()}) {' '.join(p.cmdline())[:160]}")
+        except psutil.NoSuchProcess:
+            pass
+    return lines
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Footprint:
+    """The processes from one pid down and the ``/dev/shm`` entries they hold, at one moment."""
+
+    processes: list[psutil.Process]
+    shm: set[str]
+
+    def assert_gone(self, bound: float, what: str, since: float | None = None) -> float:
+        """Wait until all of it is gone, at most ``bound`` s (from ``since`` if given), print
+        how long that took (shown with ``pytest -s``) and fail naming what is left."""
+        since = time.monotonic() if since is None else since
+        left, shm_left, waited = wait_gone(self.processes, self.shm, bound, since)
+        print(f"{what}: {len(self.processes)} processes and {len(self.shm)} /dev/shm entries "
+              f"gone in {waited:.1f} s")
+        if left or shm_left:  # slow or never: wait a while longer to tell which
+            late = f"{describe(left)} {sorted(shm_left)}"
+            still, shm_still, waited = wait_gone(left, shm_left, 3 * bound, since)
+            late += f"; {'still there' if still or shm_still else 'all gone'} at {waited:.1f} s"
+            raise AssertionError(f"{what}: still there after {bound} s: {late}")
+        return waited
+
+
+@dataclass
+class Started:
+    """The processes a test started and the ``/dev/shm`` entries they created: killed and
+    removed at its end, whatever happened (the ``started`` fixture)."""
+
+    before: set[str] = field(default_factory=shm_entries)
+    """``/dev/shm`` before the test began: nothing in it is the test's."""
+    roots: list[psutil.Process] = field(default_factory=list)
+    taken: list[Footprint] = field(default_factory=list)
+
+    def track(self, pid: int) -> None:
+        """Clean up ``pid`` and everything below it at the end (listed then, and by
+        :meth:`footprint` meanwhile)."""
+        self.roots.append(psutil.Process(pid))
+
+    def footprint(self, pid: int) -> Footprint:
+        """``pid``'s processes and the entries they hold now that the test created."""
+        tree = process_tree(pid)
+        taken = Footprint(tree, held_shm(tree, shm_entries() - self.before))
+        self.taken.append(taken)
+        return taken
+
+    def clean_up(self) -> None:
+        for root in alive(self.roots):
+            try:
+                self.footprint(root.pid)
+            except psutil.NoSuchProcess:
+                pass
+        clean_up(
+            [p for f in self.taken for p in f.processes] + self.roots,
+            {name for f in self.taken for name in f.shm},
+        )

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 from layouts import VLLM_SERVE, descendants, no_process_left, wait_for, with_layout
+from processes import free_port
 
 from vllm_inline.engine import ParallelLayoutError, get_engine
 from vllm_inline.integrations.langchain import ChatVLLM
@@ -80,12 +80,6 @@ async def test_data_parallel_spreads_streams_over_both_engine_cores(scripted) ->
     no_process_left(before)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def headless_engine_core(s: Any, rpc_port: int) -> subprocess.Popen[bytes]:
     """The second "node": ``vllm serve --headless`` running data-parallel rank 1, which
     connects to the head at 127.0.0.1:rpc_port (vLLM's multi-node recipe, on one host)."""
@@ -116,7 +110,7 @@ async def test_multi_node_data_parallel_head_and_headless_engine_core(
 ) -> None:
     monkeypatch.setenv("VLLM_ENGINE_READY_TIMEOUT_S", "300")  # if the peer fails to start
     before = descendants()
-    port = _free_port()
+    port = free_port()
     s = with_layout(scripted("long"), **multi_node_layout(port))
     peer = headless_engine_core(s, port)
     engine = get_engine(s.path, **s.engine_kwargs)
@@ -141,7 +135,7 @@ def test_a_headless_peer_that_never_connects_fails_typed_within_the_deadline(
 ) -> None:
     monkeypatch.setenv("VLLM_ENGINE_READY_TIMEOUT_S", "40")
     before = descendants()
-    port = _free_port()
+    port = free_port()
     s = with_layout(scripted("llama3"), **multi_node_layout(port))
     engine = get_engine(s.path, **s.engine_kwargs)
     started = time.monotonic()

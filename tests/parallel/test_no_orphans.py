@@ -1,31 +1,45 @@
 """Engines die with the app, however it stops (engine/_vllm_boot.py).
 
-A child process holds two engines (``ChatVLLM`` and ``VLLMEmbeddings``), answers once, and is
-stopped the way services and notebooks are stopped: SIGTERM with Python's default handler
-(``kill``, ``docker stop``, ``systemctl stop``), SIGKILL (the OOM killer, a kernel restart past
-its grace) and ``os._exit``. Within 10 s every process it spawned (engine cores, workers,
+An app holds engines, answers once, and is stopped the way services and notebooks are
+stopped: SIGTERM with Python's default handler (``kill``, ``docker stop``, ``systemctl stop``),
+SIGKILL (the OOM killer), ``os._exit``, a Jupyter kernel restart, a ``uvicorn --reload``
+reload; and an app on a data-parallel engine (a DP coordinator, two engine cores) is SIGKILLed.
+Within 10 s every process it spawned (engine cores, workers, the coordinator,
 multiprocessing's resource tracker) is gone and no ``/dev/shm`` entry it created remains.
+Each case prints how long that took (``pytest -s``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
+import httpx
+import psutil
 import pytest
+from layouts import wait_for, with_layout
+from processes import Started, free_port
 
-from processes import clean_up, process_tree, shm_entries, wait_gone
-from vllm_inline.testing import build_embedding_model
+from vllm_inline.testing import ScriptedModel, build_embedding_model
 
 pytestmark = [pytest.mark.parallel, pytest.mark.engine]
 
 BOUND = 10.0
 """Seconds within which the engines' processes and segments must be gone."""
+
+START = 300.0
+"""Seconds an app may take to answer for the first time (engine starts included)."""
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 APP = textwrap.dedent(
     """
@@ -35,9 +49,9 @@ APP = textwrap.dedent(
     if __name__ == "__main__":
         chat_model, embedder, kwargs, how = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
         chat = ChatVLLM(model=chat_model, vllm_kwargs=kwargs, max_tokens=8)
-        embeddings = VLLMEmbeddings(model=embedder, vllm_kwargs=kwargs)
-        answer = chat.invoke("Hi").content
-        print("READY", json.dumps([answer, len(embeddings.embed_query("hi"))]), flush=True)
+        embeddings = VLLMEmbeddings(model=embedder, vllm_kwargs=kwargs) if embedder else None
+        size = len(embeddings.embed_query("hi")) if embeddings else None
+        print("READY", json.dumps([chat.invoke("Hi").content, size]), flush=True)
         if how == "os._exit":
             time.sleep(1)  # the test lists this process's children meanwhile
             os._exit(3)
@@ -46,45 +60,188 @@ APP = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL", "os._exit"])
-def test_an_app_with_two_engines_leaves_nothing_behind(
-    scripted, scripted_root: Path, tmp_path: Path, how: str
+def app_dies_leaving_nothing(
+    started: Started, tmp_path: Path, s: ScriptedModel, embedder: str, how: str, processes: int
 ) -> None:
-    s = scripted("llama3")
-    embedder = str(build_embedding_model(scripted_root))
+    """Start :data:`APP` (``embedder`` "" for none), wait for its answer, stop it ``how``, and
+    assert its ``processes`` or more and its shared memory are gone within :data:`BOUND`."""
     script, log = tmp_path / "app.py", tmp_path / "app.log"
     script.write_text(APP)
-    before = shm_entries()
-    tree, created = [], set()
     with open(log, "w") as out:
         child = subprocess.Popen(
             [sys.executable, str(script), s.path, embedder, json.dumps(s.engine_kwargs), how],
             stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
-        )
-    try:
-        deadline = time.monotonic() + 300
-        while "READY" not in log.read_text():
-            assert child.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "the app did not answer in 300 s"
-            time.sleep(0.2)
-        tree = process_tree(child.pid)
-        created = shm_entries() - before
-        answer, size = json.loads(log.read_text().split("READY", 1)[1].splitlines()[0])
-        assert answer == s.scenario.answer and size > 0
-        assert len(tree) >= 5, tree  # the app, 2 engine cores, 2 workers (+ resource tracker)
-        assert created, "the engines' shared memory was expected in /dev/shm"
-        if how == "SIGTERM":
-            child.send_signal(signal.SIGTERM)
-        elif how == "SIGKILL":
-            child.kill()
-        child.wait(timeout=60)
-        left, shm_left, waited = wait_gone(tree, created, BOUND)
-        print(f"{how}: {len(tree) - 1} processes and {len(created)} /dev/shm entries gone "
-              f"{waited:.1f} s after the app")
-        assert not left, f"still running {BOUND} s after the app ({how}): {left}"
-        assert not shm_left, f"left in /dev/shm ({how}): {sorted(shm_left)}"
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(timeout=30)
-        clean_up(tree, created)
+        )  # fmt: skip
+    started.track(child.pid)
+
+    def ready() -> bool:
+        assert child.poll() is None, log.read_text()[-3000:]
+        return "READY" in log.read_text()
+
+    wait_for(ready, START, "the app answered")
+    app = started.footprint(child.pid)
+    answer, size = json.loads(log.read_text().split("READY", 1)[1].splitlines()[0])
+    assert answer == s.scenario.answer and (size is None or size > 0)
+    assert len(app.processes) >= processes, app.processes
+    assert app.shm, "the engines' shared memory was expected in /dev/shm"
+    if how == "SIGTERM":
+        child.send_signal(signal.SIGTERM)
+    elif how == "SIGKILL":
+        child.kill()
+    child.wait(timeout=60)
+    app.assert_gone(BOUND, f"{how} of the app")
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL", "os._exit"])
+def test_an_app_with_two_engines_leaves_nothing_behind(
+    scripted, scripted_root: Path, tmp_path: Path, started: Started, how: str
+) -> None:
+    embedder = str(build_embedding_model(scripted_root))
+    # The app, 2 engine cores, 2 workers (+ multiprocessing's resource tracker).
+    app_dies_leaving_nothing(started, tmp_path, scripted("llama3"), embedder, how, processes=5)
+
+
+def test_a_killed_app_on_a_data_parallel_engine_leaves_nothing_behind(
+    scripted, tmp_path: Path, started: Started
+) -> None:
+    s = with_layout(scripted("llama3"), data_parallel_size=2)
+    # The app, the DP coordinator, 2 engine cores, 2 workers (+ the resource tracker).
+    app_dies_leaving_nothing(started, tmp_path, s, "", "SIGKILL", processes=6)
+
+
+KERNEL_CODE = """
+import json
+from vllm_inline.integrations.langchain import ChatVLLM
+
+chat = ChatVLLM(model={path!r}, vllm_kwargs=json.loads({kwargs!r}), max_tokens=8)
+print("READY", json.dumps(chat.invoke("Hi").content))
+"""
+
+
+def test_a_jupyter_kernel_restart_leaves_nothing_behind(
+    scripted, tmp_path: Path, started: Started
+) -> None:
+    """Jupyter's default restart (``restart_kernel(now=False)``): a shutdown request, SIGTERM
+    to the kernel's process group after half of ``shutdown_wait_time`` (5 s), SIGKILL at its
+    end; then the new kernel starts. The kernel runs this environment's interpreter."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    s = scripted("llama3")
+    spec = tmp_path / "kernels" / "vllm-inline-test"
+    spec.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    kernel_json = {"argv": argv, "display_name": "vllm-inline test", "language": "python"}
+    (spec / "kernel.json").write_text(json.dumps(kernel_json))
+    km = KernelManager(
+        kernel_name=spec.name, kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec.parent)])
+    )
+    out: list[str] = []
+
+    def keep(msg: dict[str, Any]) -> None:
+        if msg["msg_type"] in ("stream", "error"):
+            out.append(msg["content"].get("text") or "\n".join(msg["content"]["traceback"]))
+
+    with open(tmp_path / "kernel.log", "w") as log:  # the restart launches with it too
+        km.start_kernel(cwd=str(tmp_path), stdout=log, stderr=log)
+        kc = km.client()
+        try:
+            started.track(km.provisioner.pid)
+            kc.start_channels()
+            kc.wait_for_ready(timeout=60)
+            code = KERNEL_CODE.format(path=s.path, kwargs=json.dumps(s.engine_kwargs))
+            reply = kc.execute_interactive(code, timeout=START, output_hook=keep)
+            assert reply["content"]["status"] == "ok", "".join(out)[-3000:]
+            answer = json.loads("".join(out).split("READY", 1)[1].splitlines()[0])
+            assert answer == s.scenario.answer
+            kernel = started.footprint(km.provisioner.pid)
+            assert len(kernel.processes) >= 3, kernel.processes  # kernel, engine core, worker
+            assert kernel.shm, "the engine's shared memory was expected in /dev/shm"
+
+            restarted = time.monotonic()
+            km.restart_kernel(now=False)
+            print(f"restart_kernel returned in {time.monotonic() - restarted:.1f} s")
+            started.track(km.provisioner.pid)
+            kernel.assert_gone(BOUND, "Jupyter kernel restart", since=restarted)
+        finally:
+            kc.stop_channels()
+            if km.has_kernel:  # list what runs before Jupyter's SIGKILL to the group
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    started.footprint(km.provisioner.pid)
+            km.shutdown_kernel(now=True)
+
+
+def sse_text(body: str) -> str:
+    """The text of the unnamed events of a ``text/event-stream`` body (examples/fastapi_sse.py)."""
+    events = [e.split("\n") for e in body.split("\n\n") if e and not e.startswith("event:")]
+    return "".join("\n".join(line[len("data: "):] for line in e) for e in events)
+
+
+def ask(port: int, server: subprocess.Popen[bytes], log: Path) -> str:
+    """The answer of the server on ``port`` to one chat, once it answers."""
+    answer = ""
+
+    def answered() -> bool:
+        nonlocal answer
+        assert server.poll() is None, log.read_text()[-3000:]
+        try:
+            r = httpx.get(f"http://127.0.0.1:{port}/chat", params={"q": "Hi"}, timeout=60)
+        except httpx.TransportError:
+            return False
+        answer = sse_text(r.text)
+        return r.status_code == 200
+
+    wait_for(answered, START, "the server answered")
+    return answer
+
+
+def worker_of(reloader: int) -> int:
+    """The pid of the server process ``uvicorn --reload`` runs now (spawned by
+    multiprocessing, beside its resource tracker)."""
+    workers = [
+        p.pid for p in psutil.Process(reloader).children()
+        if "spawn_main" in " ".join(p.cmdline())
+    ]  # fmt: skip
+    assert len(workers) == 1, workers
+    return workers[0]
+
+
+def test_a_uvicorn_reload_leaves_nothing_of_the_old_worker(
+    scripted, tmp_path: Path, started: Started
+) -> None:
+    """``uvicorn --reload`` on a copy of examples/fastapi_sse.py: an edit makes the reloader
+    SIGTERM its server process (uvicorn runs the app's lifespan shutdown) and start a new one,
+    which answers with an engine of its own; SIGTERM to the reloader then ends everything."""
+    s = scripted("demo")
+    app_dir, log = tmp_path / "app", tmp_path / "uvicorn.log"
+    app_dir.mkdir()
+    source = app_dir / "fastapi_sse.py"
+    shutil.copy(EXAMPLES / "fastapi_sse.py", source)
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "uvicorn", "fastapi_sse:app", "--app-dir", str(app_dir),
+        "--reload", "--reload-dir", str(app_dir), "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    with open(log, "w") as out:
+        reloader = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+            env={**os.environ, "MODEL": s.path},
+        )  # fmt: skip
+    started.track(reloader.pid)
+    assert ask(port, reloader, log) == s.scenario.answer
+    old = started.footprint(worker_of(reloader.pid))
+    assert len(old.processes) >= 3, old.processes  # the server, engine core, worker
+    assert old.shm, "the engine's shared memory was expected in /dev/shm"
+
+    edited = time.monotonic()
+    with open(source, "a") as f:
+        f.write("\n# edited by tests/parallel/test_no_orphans.py\n")
+    old.assert_gone(BOUND, "uvicorn --reload: the old server process", since=edited)
+    assert ask(port, reloader, log) == s.scenario.answer
+    assert worker_of(reloader.pid) != old.processes[0].pid
+
+    everything = started.footprint(reloader.pid)
+    stopped = time.monotonic()
+    reloader.send_signal(signal.SIGTERM)
+    everything.assert_gone(BOUND, "SIGTERM to the uvicorn reloader", since=stopped)
+    reloader.wait(timeout=10)
