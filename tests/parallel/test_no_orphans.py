@@ -101,12 +101,21 @@ def test_an_app_with_two_engines_leaves_nothing_behind(
     app_dies_leaving_nothing(started, tmp_path, scripted("llama3"), embedder, how, processes=5)
 
 
-def test_a_killed_app_on_a_data_parallel_engine_leaves_nothing_behind(
-    scripted, tmp_path: Path, started: Started
+@pytest.mark.parametrize(
+    ("layout", "processes"),
+    [
+        # The app, the DP coordinator, 2 engine cores, 2 workers (+ the resource tracker).
+        ({"data_parallel_size": 2}, 6),
+        # The app, the engine core, a worker per rank (+ the resource tracker).
+        ({"tensor_parallel_size": 2}, 4),
+    ],
+    ids=["DP=2", "TP=2"],
+)
+def test_a_killed_app_on_a_parallel_engine_leaves_nothing_behind(
+    scripted, tmp_path: Path, started: Started, layout: dict[str, int], processes: int
 ) -> None:
-    s = with_layout(scripted("llama3"), data_parallel_size=2)
-    # The app, the DP coordinator, 2 engine cores, 2 workers (+ the resource tracker).
-    app_dies_leaving_nothing(started, tmp_path, s, "", "SIGKILL", processes=6)
+    s = with_layout(scripted("llama3"), **layout)
+    app_dies_leaving_nothing(started, tmp_path, s, "", "SIGKILL", processes=processes)
 
 
 KERNEL_CODE = """
