@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from launches import Launches
 
 from vllm_inline.testing import ScriptedModel, scripted_model
-
-from launches import Launches
 
 pytest_plugins = ["engine_starts"]
 

@@ -12,8 +12,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from launches import Command, Launches, command
+
 from vllm_inline.engine import _vllm_boot, _vllm_quiet
 from vllm_inline.testing import SCENARIOS
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from processes import clean_up, process_tree, wait_gone
+
 from vllm_inline.engine import _vllm_boot
 
 PARENT = textwrap.dedent(

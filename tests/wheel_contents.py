@@ -17,10 +17,11 @@ import fnmatch
 import subprocess
 import sys
 import tarfile
-import tomllib
 import zipfile
 from email.parser import Parser
 from pathlib import Path, PurePosixPath
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,6 +4,7 @@ test leaves behind."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from processes import describe
 
 from vllm_inline.testing import ScriptedModel
 
@@ -59,23 +61,16 @@ def descendants() -> set[int]:
     return alive
 
 
-def describe(pids: set[int]) -> list[str]:
-    """``pid name`` of each process still alive, for a failure message."""
-    names = []
-    for pid in sorted(pids):
-        try:
-            names.append(f"{pid} {psutil.Process(pid).name()}")
-        except psutil.NoSuchProcess:
-            pass
-    return names
-
-
 def no_process_left(before: set[int], timeout: float = 60) -> None:
     """Wait until every process started since ``before`` was taken has exited."""
     try:
         wait_for(lambda: not (descendants() - before), timeout, "every process started was gone")
     except AssertionError as e:
-        raise AssertionError(f"{e}; still alive: {describe(descendants() - before)}") from None
+        left = []
+        for pid in sorted(descendants() - before):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                left.append(psutil.Process(pid))
+        raise AssertionError(f"{e}; still alive: {describe(left)}") from None
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
