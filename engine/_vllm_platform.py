@@ -11,16 +11,17 @@ import contextlib
 import multiprocessing
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from vllm import AsyncEngineArgs, envs
 from vllm.platforms import current_platform
 
 from .errors import ParallelLayoutError
-from .platform_defaults import MachineFacts, PlatformDefaults, choose_engine_kwargs
+from .memory_plan import check_alone_start
+from .platform_defaults import Choice, MachineFacts, PlatformDefaults, choose_engine_kwargs
 
-__all__ = ["decide_engine_kwargs", "remote_peer_deadline", "spawn_environment"]
+__all__ = ["decide_engine_kwargs", "measure_facts", "remote_peer_deadline", "spawn_environment"]
 
 
 def _cpu_flags() -> frozenset[str]:
@@ -84,18 +85,14 @@ def _model_facts(model: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def decide_engine_kwargs(model: str, kwargs: Mapping[str, Any]) -> PlatformDefaults:
-    """The options to start with: on a CPU, measured defaults for what the user left unset
-    (:func:`.platform_defaults.choose_engine_kwargs`); on a GPU, the user's options as they are.
+def measure_facts(model: str, kwargs: Mapping[str, Any]) -> MachineFacts:
+    """The device and the model as the engine's choices need them, measured now.
 
-    Raises :class:`~.errors.InsufficientMemoryError` before any process is spawned when the
-    options ask for more memory than the machine has free.
+    On a CPU: the memory node vLLM's CPU worker allocates on, the CPUs, the checkpoint. On a
+    GPU: the first device's free and total memory through NVML (as vLLM's ``NvmlCudaPlatform``
+    reads it, without a CUDA context in this process) and the checkpoint, for
+    :mod:`.memory_plan`.
     """
-    if not current_platform.is_cpu():
-        return choose_engine_kwargs(kwargs, MachineFacts(is_cpu=False))
-    from vllm.utils.cpu_resource_utils import get_memory_node_info
-
-    node = get_memory_node_info(0)  # the node vLLM's CPU worker checks and allocates on
     try:
         model_facts = _model_facts(model, kwargs)
     except Exception as e:  # noqa: BLE001 - vLLM's own start reports a bad config better
@@ -103,9 +100,16 @@ def decide_engine_kwargs(model: str, kwargs: Mapping[str, Any]) -> PlatformDefau
 
         logging.getLogger("vllm_inline").debug("model facts unavailable: %r", e)
         model_facts = {}
-    from vllm.utils.cpu_resource_utils import get_visible_memory_node
+    if not current_platform.is_cpu():
+        free, total = _gpu_memory()
+        return MachineFacts(
+            is_cpu=False, free_memory_bytes=free, total_memory_bytes=total,
+            weights_bytes=_weights_bytes(model), **model_facts,
+        )  # fmt: skip
+    from vllm.utils.cpu_resource_utils import get_memory_node_info, get_visible_memory_node
 
-    facts = MachineFacts(
+    node = get_memory_node_info(0)  # the node vLLM's CPU worker checks and allocates on
+    return MachineFacts(
         is_cpu=True,
         allowed_cpus=tuple(sorted(os.sched_getaffinity(0))),
         memory_nodes=len(get_visible_memory_node()),
@@ -116,7 +120,47 @@ def decide_engine_kwargs(model: str, kwargs: Mapping[str, Any]) -> PlatformDefau
         weights_bytes=_weights_bytes(model),
         **model_facts,
     )
-    return choose_engine_kwargs(kwargs, facts)
+
+
+def _gpu_memory() -> tuple[int | None, int | None]:
+    """Free and total bytes of the first visible GPU, or ``(None, None)`` where NVML cannot
+    tell (then nothing is planned: each engine sizes itself)."""
+    try:
+        from vllm.utils.import_utils import import_pynvml
+
+        pynvml = import_pynvml()
+        pynvml.nvmlInit()
+        try:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+            handle = pynvml.nvmlDeviceGetHandleByIndex(int(visible))
+            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            return int(info.free), int(info.total)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML (another accelerator): leave memory unplanned
+        return None, None
+
+
+def decide_engine_kwargs(
+    model: str,
+    kwargs: Mapping[str, Any],
+    planned: Sequence[Choice] = (),
+    running: Sequence[tuple[str, Mapping[str, Any]]] = (),
+) -> PlatformDefaults:
+    """The options to start with: on a CPU, measured defaults for what the user left unset
+    (:func:`.platform_defaults.choose_engine_kwargs`); on a GPU, the user's options as they are.
+    ``planned``: the memory options a plan for engines started together chose
+    (:mod:`.memory_plan`); ``running``: the other engines of this process (model, options).
+
+    Raises :class:`~.errors.InsufficientMemoryError` before any process is spawned when the
+    options ask for more memory than the machine has free.
+    """
+    if not current_platform.is_cpu() and not planned and not running:
+        return choose_engine_kwargs(kwargs, MachineFacts(is_cpu=False))
+    facts = measure_facts(model, kwargs)
+    if not planned:
+        check_alone_start(model, kwargs, facts, running)
+    return choose_engine_kwargs(kwargs, facts, planned)
 
 
 _environment = threading.Condition()

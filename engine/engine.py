@@ -28,7 +28,7 @@ from .errors import EngineUnavailableError, ModelLoadError
 from .generate import generate
 from .lora import LoRARegistry
 from .metrics import EngineStats
-from .platform_defaults import PlatformDefaults
+from .platform_defaults import Choice, PlatformDefaults
 from .request import Request, build_request
 from .runtime import Runtime, start_runtime
 from .sampling import DEFAULTS, layer_sampling
@@ -72,18 +72,19 @@ class Engine:
         need vLLM itself, e.g. a benchmark against the raw engine."""
         return self._started()
 
-    def start(self) -> Engine:
-        """Start the engine now (it otherwise starts on first use); returns ``self``."""
-        self._started()
+    def start(self, *, planned: Sequence[Choice] = ()) -> Engine:
+        """Start the engine now (it otherwise starts on first use); returns ``self``. ``planned``:
+        memory options from a plan of engines started together (:func:`.start_engines`)."""
+        self._started(planned)
         return self
 
-    def _started(self) -> Runtime:
+    def _started(self, planned: Sequence[Choice] = ()) -> Runtime:
         runtime = self._runtime
         if runtime is not None:
             return runtime
         with self._lock:
             if self._runtime is None:
-                self._runtime = start_runtime(self.model, self.vllm_kwargs)
+                self._runtime = start_runtime(self.model, self.vllm_kwargs, planned, _running(self))
                 _register_exit()
             return self._runtime
 
@@ -338,12 +339,10 @@ class Engine:
         return runtime.loop.run(job(runtime), instead=instead)
 
 
-def _render_options(
-    prompt: str | None, tools: Any, chat_template: str | None, chat_template_kwargs: Any
-) -> dict[str, Any]:
+def _render_options(prompt: Any, tools: Any, template: Any, kwargs: Any) -> dict[str, Any]:
     """The request options of ``prompt_token_ids``: what rendering takes, no sampling."""
-    return {"prompt": prompt, "tools": tools, "chat_template": chat_template,
-            "chat_template_kwargs": chat_template_kwargs}
+    return {"prompt": prompt, "tools": tools, "chat_template": template,
+            "chat_template_kwargs": kwargs}
 
 
 # -- the registry --------------------------------------------------------------------------
@@ -370,6 +369,13 @@ def get_engine(model: str, **vllm_kwargs: Any) -> Engine:
         if engine is None:
             engine = _engines[key] = Engine(os.fspath(model), vllm_kwargs)
         return engine
+
+
+def _running(engine: Engine) -> list[tuple[str, dict[str, Any]]]:
+    """The process's other running engines: model, and the options each started with."""
+    with _engines_lock:
+        others = [e._runtime for e in _engines.values() if e is not engine]
+    return [(r.model, dict(r.platform_defaults.kwargs)) for r in others if r is not None]
 
 
 def shutdown_all() -> None:

@@ -20,7 +20,7 @@ machine has fails with :class:`~.errors.InsufficientMemoryError` before any proc
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,9 @@ __all__ = [
     "PlatformDefaults",
     "choose_engine_kwargs",
     "cpu_supports_bf16",
+    "gib",
+    "start_dtype",
+    "weights_in_dtype",
 ]
 
 GiB = 2**30
@@ -41,18 +44,18 @@ MiB = 2**20
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 """CPU flags (``/proc/cpuinfo``) that mean native bfloat16: x86 AVX-512 BF16 or AMX, Arm BF16."""
 
-_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
-_RESERVE = 1 * GiB
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+RESERVE = 1 * GiB
 """Left free for the engine's own process, activations and the caller (beyond weights)."""
-_KV_SHARE = 0.5
+KV_SHARE = 0.5
 """Share of what is left after weights and reserve that the KV cache may take."""
-_KV_MIN = 64 * MiB
-_KV_MAX = 4 * GiB
+KV_MIN = 64 * MiB
+KV_MAX = 4 * GiB
 """Cap of the default KV cache: allocating it is slow on a CPU (vLLM's 92 % share of 24 GiB
 took 130 s to the first answer here, against 32 s with 1 GiB)."""
-_KV_SEQUENCES = 4
+KV_SEQUENCES = 4
 """Full-length sequences the default KV cache holds, so a few requests batch together."""
-_BLOCK = 16
+BLOCK = 16
 """max_model_len chosen by us is a multiple of vLLM's KV block size."""
 
 
@@ -124,11 +127,12 @@ class PlatformDefaults:
 
 def _show(name: str, value: Any) -> str:
     if name == "kv_cache_memory_bytes" and isinstance(value, int):
-        return f"{value / GiB:.2f} GiB" if value >= GiB else f"{value // MiB} MiB"
+        return gib(value) if value >= GiB else f"{value // MiB} MiB"
     return str(value)
 
 
-def _gib(n: int) -> str:
+def gib(n: int) -> str:
+    """``n`` bytes as ``"1.25 GiB"``."""
     return f"{n / GiB:.2f} GiB"
 
 
@@ -150,10 +154,19 @@ def _dtype(user: Mapping[str, Any], facts: MachineFacts) -> Choice | None:
     )
 
 
-def _weights_after_cast(facts: MachineFacts, dtype: str) -> int:
+def start_dtype(user: Mapping[str, Any], facts: MachineFacts) -> str:
+    """The dtype a CPU engine runs in: the user's (``"auto"``: the checkpoint's), else ours."""
+    choice = _dtype(user, facts)
+    dtype = str(choice.value if choice else user["dtype"])
+    dtype = str(facts.checkpoint_dtype or "float32") if dtype == "auto" else dtype
+    return dtype.replace("torch.", "")
+
+
+def weights_in_dtype(facts: MachineFacts, dtype: str) -> int:
+    """The checkpoint's weight bytes once loaded in ``dtype`` (0 when unknown)."""
     weights = facts.weights_bytes or 0
-    source = _DTYPE_BYTES.get(str(facts.checkpoint_dtype or "").replace("torch.", ""))
-    target = _DTYPE_BYTES.get(dtype)
+    source = DTYPE_BYTES.get(str(facts.checkpoint_dtype or "").replace("torch.", ""))
+    target = DTYPE_BYTES.get(dtype)
     if weights and source and target and source != target:
         weights = weights * target // source
     return weights
@@ -167,8 +180,8 @@ def _check_user_memory(user: Mapping[str, Any], facts: MachineFacts) -> None:
     kv = user.get("kv_cache_memory_bytes")
     if kv is not None and int(kv) > free:
         raise InsufficientMemoryError(
-            f"kv_cache_memory_bytes={int(kv)} ({_gib(int(kv))}) is more than the free memory "
-            f"({_gib(free)}). Pass a smaller kv_cache_memory_bytes, or leave it out and "
+            f"kv_cache_memory_bytes={int(kv)} ({gib(int(kv))}) is more than the free memory "
+            f"({gib(free)}). Pass a smaller kv_cache_memory_bytes, or leave it out and "
             "vllm-inline sizes the KV cache to fit.",
             option="kv_cache_memory_bytes",
             requested_bytes=int(kv),
@@ -180,9 +193,9 @@ def _check_user_memory(user: Mapping[str, Any], facts: MachineFacts) -> None:
         if wanted > free:
             # vLLM's CPU worker refuses this too, but only after spawning and loading.
             raise InsufficientMemoryError(
-                f"gpu_memory_utilization={share} reserves {_gib(wanted)} (that share of the "
-                f"{_gib(facts.total_memory_bytes)} of RAM on a CPU), more than the free memory "
-                f"({_gib(free)}). Pass a smaller share, or leave it out and vllm-inline sizes "
+                f"gpu_memory_utilization={share} reserves {gib(wanted)} (that share of the "
+                f"{gib(facts.total_memory_bytes)} of RAM on a CPU), more than the free memory "
+                f"({gib(free)}). Pass a smaller share, or leave it out and vllm-inline sizes "
                 "the KV cache to fit.",
                 option="gpu_memory_utilization",
                 requested_bytes=wanted,
@@ -197,41 +210,41 @@ def _kv_cache(
     if user.get("kv_cache_memory_bytes") is not None or "gpu_memory_utilization" in user:
         return None, None  # the user sized it: vLLM checks the share against the node itself
     free = facts.free_memory_bytes
-    per_token = (facts.kv_elements_per_token or 0) * _DTYPE_BYTES.get(dtype, 4)
-    weights = _weights_after_cast(facts, dtype)
+    per_token = (facts.kv_elements_per_token or 0) * DTYPE_BYTES.get(dtype, 4)
+    weights = weights_in_dtype(facts, dtype)
     if free is None:
         return Choice("kv_cache_memory_bytes", GiB, "free memory unknown: a fixed 1 GiB"), None
-    room = free - weights - _RESERVE
-    budget = int(max(room, 0) * _KV_SHARE)
+    room = free - weights - RESERVE
+    budget = int(max(room, 0) * KV_SHARE)
     user_len = user.get("max_model_len")
     max_len = int(user_len or facts.model_max_len or 0)
     if not per_token or not max_len:
-        kv = max(min(GiB, budget), _KV_MIN)
+        kv = max(min(GiB, budget), KV_MIN)
         return Choice(
             "kv_cache_memory_bytes",
             kv,
             f"model size unknown: {_show('kv_cache_memory_bytes', kv)}, "
-            f"under half the free memory ({_gib(free)})",
+            f"under half the free memory ({gib(free)})",
         ), None
     one_sequence = per_token * max_len
     if one_sequence <= budget:
-        kv = min(max(one_sequence * _KV_SEQUENCES, _KV_MIN), _KV_MAX, budget)
+        kv = min(max(one_sequence * KV_SEQUENCES, KV_MIN), KV_MAX, budget)
         kv = max(kv, one_sequence)
         return (
             Choice(
                 "kv_cache_memory_bytes",
                 kv,
                 f"{kv // one_sequence} sequence(s) of max_model_len={max_len}, "
-                f"of {_gib(free)} free (not vLLM's 92 % of RAM)",
+                f"of {gib(free)} free (not vLLM's 92 % of RAM)",
             ),
             None,
         )
     if user_len:
         if one_sequence > room:
             raise InsufficientMemoryError(
-                f"max_model_len={max_len} needs a KV cache of {_gib(one_sequence)} for one "
-                f"sequence, more than the free memory ({_gib(free)}) leaves after the weights "
-                f"({_gib(weights)}). Pass a smaller max_model_len.",
+                f"max_model_len={max_len} needs a KV cache of {gib(one_sequence)} for one "
+                f"sequence, more than the free memory ({gib(free)}) leaves after the weights "
+                f"({gib(weights)}). Pass a smaller max_model_len.",
                 option="max_model_len",
                 requested_bytes=one_sequence,
                 free_bytes=free,
@@ -240,18 +253,18 @@ def _kv_cache(
             Choice(
                 "kv_cache_memory_bytes",
                 one_sequence,
-                f"one sequence of the max_model_len={max_len} you set, of {_gib(free)} free",
+                f"one sequence of the max_model_len={max_len} you set, of {gib(free)} free",
             ),
             None,
         )
-    fit = (min(budget, _KV_MAX) // per_token) // _BLOCK * _BLOCK
-    if fit < _BLOCK:
+    fit = (min(budget, KV_MAX) // per_token) // BLOCK * BLOCK
+    if fit < BLOCK:
         raise InsufficientMemoryError(
-            f"The free memory ({_gib(free)}) leaves no room for a KV cache after the weights "
-            f"({_gib(weights)}). Free some memory or pass kv_cache_memory_bytes and "
+            f"The free memory ({gib(free)}) leaves no room for a KV cache after the weights "
+            f"({gib(weights)}). Free some memory or pass kv_cache_memory_bytes and "
             "max_model_len yourself.",
             option="kv_cache_memory_bytes",
-            requested_bytes=per_token * _BLOCK,
+            requested_bytes=per_token * BLOCK,
             free_bytes=free,
         )
     kv = fit * per_token
@@ -259,13 +272,13 @@ def _kv_cache(
         Choice(
             "kv_cache_memory_bytes",
             kv,
-            f"one sequence, in at most 4 GiB and half of what {_gib(free)} free leaves after "
+            f"one sequence, in at most 4 GiB and half of what {gib(free)} free leaves after "
             "the weights",
         ),
         Choice(
             "max_model_len",
             fit,
-            f"the model's {max_len} tokens need {_gib(one_sequence)} of KV cache; "
+            f"the model's {max_len} tokens need {gib(one_sequence)} of KV cache; "
             f"{fit} fit in {_show('kv_cache_memory_bytes', kv)}",
         ),
     )
@@ -345,7 +358,9 @@ def _thread_binding(user: Mapping[str, Any], facts: MachineFacts) -> Choice | No
     )
 
 
-def choose_engine_kwargs(user_kwargs: Mapping[str, Any], facts: MachineFacts) -> PlatformDefaults:
+def choose_engine_kwargs(
+    user_kwargs: Mapping[str, Any], facts: MachineFacts, planned: Sequence[Choice] = ()
+) -> PlatformDefaults:
     """The engine options for these facts: the user's, plus CPU defaults for what is unset.
 
     On a CPU, for each option the user did not set: ``dtype`` (bfloat16 when the CPU has bf16
@@ -353,22 +368,23 @@ def choose_engine_kwargs(user_kwargs: Mapping[str, Any], facts: MachineFacts) ->
     half of the free memory left after the weights, at most 4 GiB; ``max_model_len`` is lowered
     when even one sequence does not fit) and ``enforce_eager=True``; for more than one tensor or
     pipeline-parallel rank, ``VLLM_CPU_OMP_THREADS_BIND`` in the engine processes' environment.
+    ``planned``: the memory options of a plan for engines started together
+    (:mod:`.memory_plan`), in place of the KV-cache choice, on a GPU too.
     Raises :class:`InsufficientMemoryError` when the user asks for more memory than is free, and
     :class:`ParallelLayoutError` for a parallel layout that cannot run here.
     """
-    kwargs = dict(user_kwargs)
+    planned = [c for c in planned if c.name not in user_kwargs]  # the user's own options win
+    kwargs = {**user_kwargs, **{c.name: c.value for c in planned}}
     _check_layout(user_kwargs, facts)
     if not facts.is_cpu:
-        return PlatformDefaults(kwargs=kwargs, facts=facts)
-    _check_user_memory(user_kwargs, facts)
+        return PlatformDefaults(kwargs=kwargs, chosen=tuple(planned), facts=facts)
+    _check_user_memory(kwargs, facts)
     chosen: list[Choice] = []
     dtype_choice = _dtype(user_kwargs, facts)
     if dtype_choice is not None:
         chosen.append(dtype_choice)
-    dtype = str(dtype_choice.value if dtype_choice else user_kwargs["dtype"]).replace("torch.", "")
-    if dtype == "auto":
-        dtype = str(facts.checkpoint_dtype or "float32").replace("torch.", "")
-    chosen.extend(c for c in _kv_cache(user_kwargs, facts, dtype) if c is not None)
+    chosen.extend(planned)
+    chosen.extend(c for c in _kv_cache(kwargs, facts, start_dtype(user_kwargs, facts)) if c)
     if "enforce_eager" not in user_kwargs:
         if _size(user_kwargs, "pipeline_parallel_size") > 1:
             reason = "pipeline parallel on a CPU needs the compiled model (see _check_layout)"

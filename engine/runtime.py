@@ -13,7 +13,7 @@ import asyncio
 import gc
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +29,7 @@ from .errors import (
 )
 from .images import MediaPolicy
 from .metrics import StatsBook
-from .platform_defaults import PlatformDefaults
+from .platform_defaults import Choice, PlatformDefaults
 from .stops import StopPolicy, decide_stop_policy
 from .templates import TemplateChoice, resolve_chat_template
 
@@ -188,15 +188,23 @@ def require_runner(model: str, llm: Any, wanted: str) -> None:
 # -- start ------------------------------------------------------------------------------------
 
 
-def start_runtime(model: str, vllm_kwargs: Mapping[str, Any]) -> Runtime:
-    """Start vLLM for ``model`` on a new loop thread and decide template and stop policy."""
+def start_runtime(
+    model: str,
+    vllm_kwargs: Mapping[str, Any],
+    planned: Sequence[Choice] = (),
+    running: Sequence[tuple[str, Mapping[str, Any]]] = (),
+) -> Runtime:
+    """Start vLLM for ``model`` on a new loop thread and decide template and stop policy.
+
+    ``planned``: memory options chosen for engines started together (:mod:`.memory_plan`);
+    ``running``: the process's other engines (model, the options they started with)."""
     _preflight(model, vllm_kwargs)
     loop = LoopThread(name=f"vllm-inline:{os.path.basename(model.rstrip('/'))}")
     # An explicit disable_log_stats=True turns vLLM's stats off, as in vLLM itself (our
     # default of True only silences vLLM's periodic log line; see _vllm.start_engine).
     stats = StatsBook(enabled=vllm_kwargs.get("disable_log_stats") is not True)
     try:
-        llm, defaults = loop.submit(_build(model, vllm_kwargs, stats)).result()
+        llm, defaults = loop.submit(_build(model, vllm_kwargs, stats, planned, running)).result()
     except BaseException as e:
         loop.stop()
         if isinstance(e, VLLMInlineError):
@@ -256,7 +264,11 @@ def _preflight(model: str, vllm_kwargs: Mapping[str, Any]) -> None:
 
 
 async def _build(
-    model: str, vllm_kwargs: Mapping[str, Any], stats: StatsBook
+    model: str,
+    vllm_kwargs: Mapping[str, Any],
+    stats: StatsBook,
+    planned: Sequence[Choice],
+    running: Sequence[tuple[str, Mapping[str, Any]]],
 ) -> tuple[Any, PlatformDefaults]:
     # Built on the loop thread, so vLLM's output handler binds to this loop. vLLM is first
     # imported here too: some of its modules keep import-time tracebacks, which would keep
@@ -268,6 +280,6 @@ async def _build(
 
     _vllm.check_engine_kwargs(model, vllm_kwargs)
     # Measured before anything is spawned: a request for more memory than is free fails here.
-    defaults = _vllm_platform.decide_engine_kwargs(model, vllm_kwargs)
+    defaults = _vllm_platform.decide_engine_kwargs(model, vllm_kwargs, planned, running)
     environment = {**_vllm_boot.engine_environment(), **defaults.environment}
     return _vllm.start_engine(model, defaults.kwargs, stats, environment), defaults

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .engine import Engine
+    from .platform_defaults import Choice
 
 __all__ = ["shutdown_engines", "start_engines"]
 
@@ -41,6 +42,10 @@ def start_engines(
     """Start ``engines`` concurrently (at most ``max_concurrent`` at a time; all by default)
     and return them once all are up.
 
+    Their memory is planned together first (:func:`.memory_plan.plan_memory`): engines whose
+    user set no memory option share the device's free memory after all the weights, instead
+    of each sizing itself as if it were alone; a plan that cannot fit raises
+    :class:`~.errors.InsufficientMemoryError` naming the model, before any process starts.
     ``progress`` gets one line per engine when its start begins and one when it is ready
     (``logging`` at INFO on ``vllm_inline`` otherwise). Engines already running are left as
     they are. If one fails to start, the ones this call started are shut down (those still
@@ -51,13 +56,14 @@ def start_engines(
         raise ValueError(f"max_concurrent={max_concurrent!r} is invalid: pass 1 or more.")
     say = progress or logger.info
     failed = threading.Event()
+    plans = _plan([engine for engine in engines if not engine.started])
 
     def start(engine: Engine) -> None:
         if failed.is_set() or engine.started:  # another engine failed, or nothing to do
             return
         begun = time.monotonic()
         say(f"Starting vLLM for {engine.model} ...")
-        engine.start()
+        engine.start(planned=plans.get(id(engine), ()))
         say(f"{engine.model} ready in {time.monotonic() - begun:.1f} s")
 
     already = {id(engine) for engine in engines if engine.started}
@@ -69,6 +75,27 @@ def start_engines(
             error.args = (f"{engine.model}: {error.args[0] if error.args else error}", *error.args[1:])
         raise error
     return engines
+
+
+def _plan(engines: Sequence[Engine]) -> dict[int, tuple[Choice, ...]]:
+    """The memory plan of the engines about to start together (by ``id``); measuring the
+    device and the models imports vLLM, so one engine alone plans nothing."""
+    if len({id(engine) for engine in engines}) < 2:
+        return {}
+    from . import _vllm_platform, _vllm_quiet
+    from .memory_plan import EngineNeeds, plan_memory
+
+    _vllm_quiet.install_filters()  # before vLLM's import, which logs
+    needs = [
+        EngineNeeds(e.model, e.vllm_kwargs, _vllm_platform.measure_facts(e.model, e.vllm_kwargs))
+        for e in engines
+    ]
+    plan = plan_memory(needs)
+    for engine, choices in zip(engines, plan):
+        if choices:
+            logger.info("vllm-inline memory plan for %s: %s", engine.model, "; ".join(
+                f"{c.name}={c.value} ({c.reason})" for c in choices))
+    return {id(engine): choices for engine, choices in zip(engines, plan)}
 
 
 def shutdown_engines(*engines: Engine) -> None:

@@ -102,6 +102,7 @@ CONTRACT: tuple[Use, ...] = (
     # engine/_vllm_platform.py: the machine's facts
     _u("vllm.utils.cpu_resource_utils", "get_memory_node_info"),
     _u("vllm.utils.cpu_resource_utils", "get_visible_memory_node"),
+    _u("vllm.utils.import_utils", "import_pynvml"),
     # engine/_vllm_stats.py: stat loggers
     _u("vllm.v1.metrics.loggers", "PrometheusStatLogger", members=(
         "_gauge_cls", "_counter_cls", "_histogram_cls",
