@@ -27,6 +27,8 @@ from vllm_inline.engine import get_engine
 pytestmark = pytest.mark.engine
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+QUESTION = "How does streaming work?"
+"""The question ``examples/rag_app.py`` asks by default."""
 
 
 def load(name: str) -> ModuleType:
@@ -88,6 +90,39 @@ def test_rag_query_engine_streams_its_answer(scripted: Any) -> None:
     assert out.startswith(s.scenario.answer + "\n")
     assert any("Streaming" in n.get_content() for n in response.source_nodes)
     assert "[source] Streaming" in out
+
+
+@pytest.mark.parametrize("framework", ["langchain", "llama-index"])
+def test_rag_app_answers_with_its_reranked_sources(scripted: Any, framework: str) -> None:
+    """``examples/rag_app.py``: three engines started together with no memory option (the
+    embedder's and the reranker's memory planned together), the answer streamed, then the 3
+    sources the reranker ranked best of the 8 retrieved."""
+    importlib.import_module("vllm")  # before the redirect: vLLM's log handler keeps sys.stdout
+    s = scripted("demo")
+    example = load("rag_app")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        answer, sources = example.main(s.path, framework=framework)
+    assert answer == s.scenario.answer
+    assert out.getvalue().startswith(s.scenario.answer + "\n")
+    assert len(sources) == example.KEEP and set(sources) <= set(example.CHUNKS)
+    assert [f"[source] {t}" for t in sources] == out.getvalue().splitlines()[1:]
+    from vllm_inline.testing import build_embedding_model, build_reranker_model
+
+    reranker = get_engine(str(build_reranker_model()), runner="pooling")
+    embedder = get_engine(str(build_embedding_model()), runner="pooling")
+    # the reranker's order: of the 8 nearest chunks, the best 3 by its own score, best first
+    import numpy as np
+
+    query, vectors = (np.array(v) for v in (embedder.embed([QUESTION]), embedder.embed(example.CHUNKS)))
+    cosine = (vectors @ query.T)[:, 0] / np.linalg.norm(vectors, axis=1) / np.linalg.norm(query)
+    near = [example.CHUNKS[i] for i in np.argsort(-cosine)[: example.RETRIEVE]]
+    scores = dict(zip(near, reranker.score(QUESTION, near)))
+    assert sources == sorted(near, key=scores.__getitem__, reverse=True)[: example.KEEP]
+    for engine in (embedder, reranker):  # started together by the example, or by its first run
+        chosen = {c.name: c.reason for c in engine.platform_defaults.chosen}
+        assert chosen["kv_cache_memory_bytes"].startswith("planned with "), chosen
+
 
 
 def test_sse_event_format() -> None:
