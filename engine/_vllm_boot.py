@@ -16,12 +16,16 @@ segments. :func:`watch_parent` waits on a pidfd of the parent (the kernel wakes 
 the parent exits; no polling), then sends the process SIGTERM, on which vLLM's engine core runs
 its own shutdown: its workers exit and its shared memory and semaphores are released (SIGKILL
 follows if it is still there after the time that shutdown is given). In a worker the watch
-duplicates vLLM's death pipe, which is harmless.
+duplicates vLLM's death pipe, which is harmless. Each engine process leads a process group of
+its own, so a signal to the app's whole group (SIGKILL on a notebook kernel's group, Ray
+killing a replica's group) reaches the app alone and the engine stops as above, releasing its
+shared memory, instead of dying with it, shared memory left behind.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import select
 import shutil
@@ -39,6 +43,7 @@ PARENT_PID_VARIABLE = "VLLMINLINE_PARENT_PID"
 finds another parent was orphaned before its watch began, and stops at once."""
 
 _SPAWNED_FLAG = "--multiprocessing-fork"  # multiprocessing's spawn puts it on a child's argv
+_RESOURCE_TRACKER = "from multiprocessing.resource_tracker import main"  # the tracker's -c code
 
 _boot_lock = threading.Lock()
 _boot_dir: str | None = None
@@ -62,6 +67,14 @@ def engine_environment() -> dict[str, str]:
 def boot(quiet_module: Any) -> None:
     """Run in each engine process before vLLM is imported (from the ``sitecustomize``)."""
     quiet_module.install_filters()
+    if _SPAWNED_FLAG in sys.argv or _RESOURCE_TRACKER in " ".join(sys.orig_argv):
+        # A process group of its own: a SIGKILL to the app's whole group (a notebook kernel's
+        # forced restart, Ray killing a replica's group) would otherwise kill the engine's
+        # processes and multiprocessing's resource tracker with it, and nothing would be left
+        # to unlink their shared memory. Outside the group, the engine sees its parent die,
+        # as for any other way the app stops, and the tracker outlives them all.
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)
     watch_parent(grace=quiet_module.shutdown_timeout())
 
 

@@ -127,12 +127,15 @@ print("READY", json.dumps(chat.invoke("Hi").content))
 """
 
 
+@pytest.mark.parametrize("now", [False, True], ids=["restart", "restart-now"])
 def test_a_jupyter_kernel_restart_leaves_nothing_behind(
-    scripted, tmp_path: Path, started: Started
+    scripted, tmp_path: Path, started: Started, now: bool
 ) -> None:
     """Jupyter's default restart (``restart_kernel(now=False)``): a shutdown request, SIGTERM
     to the kernel's process group after half of ``shutdown_wait_time`` (5 s), SIGKILL at its
-    end; then the new kernel starts. The kernel runs this environment's interpreter."""
+    end; then the new kernel starts. ``now=True``: SIGKILL to the kernel's whole process group
+    at once (the engine's processes lead groups of their own, so they see the kernel die and
+    release their shared memory). The kernel runs this environment's interpreter."""
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
 
@@ -168,7 +171,7 @@ def test_a_jupyter_kernel_restart_leaves_nothing_behind(
             assert kernel.shm, "the engine's shared memory was expected in /dev/shm"
 
             restarted = time.monotonic()
-            km.restart_kernel(now=False)
+            km.restart_kernel(now=now)
             print(f"restart_kernel returned in {time.monotonic() - restarted:.1f} s")
             started.track(km.provisioner.pid)
             kernel.assert_gone(BOUND, "Jupyter kernel restart", since=restarted)

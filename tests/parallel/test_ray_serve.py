@@ -3,12 +3,14 @@
 The module starts Ray on 127.0.0.1 (2 CPUs, a 200 MB object store, no dashboard), deploys one
 replica (one engine, the kit's CPU engine options) and talks to it over HTTP through Ray Serve's
 proxy: a scripted answer streamed as Server-Sent Events, a stream the client drops mid-way
-(the replica's engine then has 0 unfinished requests), and a shutdown of Serve and Ray that
+(the replica's engine then has 0 unfinished requests), the replica killed by Ray (its engine's
+processes and shared memory gone, a new replica serving), and a shutdown of Serve and Ray that
 leaves none of the processes it started (raylet, GCS, workers, the replica's engine core).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -23,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 import ray
+from processes import SHM, Footprint, describe, held_shm, process_tree, shm_entries, wait_gone
 from ray import serve
 
 from vllm_inline.testing import CPU_TEST_ENGINE_KWARGS
@@ -112,6 +115,8 @@ class Cluster:
         self.processes: dict[int, str] = {}
         """The processes below this one that Ray started (recorded before shutdown)."""
         self.down = False
+        self.shm_before = shm_entries()
+        """``/dev/shm`` before Ray started: nothing in it is the cluster's."""
 
     def shutdown(self) -> None:
         if self.down:
@@ -204,6 +209,55 @@ def test_a_dropped_stream_leaves_no_request_in_the_engine(cluster: Cluster, scri
     with httpx.stream("GET", f"{cluster.url}/chat", params={"q": "Again"}, timeout=60) as r:
         texts = [d for e, d in events(list(r.iter_lines())) if e == "message"]
     assert "".join(texts) == answer
+
+
+def test_a_replica_killed_by_ray_leaves_nothing_and_serve_replaces_it(
+    cluster: Cluster, scripted: Any
+) -> None:
+    """``ray.kill`` on the replica's actor (SIGKILL to its worker process, as Ray kills a replica
+    that is stuck, or the OOM killer one over its memory): the replica's engine core and its
+    worker are gone within 10 s; Serve starts a new replica, which answers.
+
+    Not yet: every ``/dev/shm`` entry they held. Ray kills a dead worker's process group; the
+    engine's processes and the resource tracker lead groups of their own (engine/_vllm_boot.py)
+    and release theirs, but one segment per replica (measured here; held by the replica's own
+    process, whose resource tracker Ray's cleanup takes with it) is still left. The test
+    removes the entries it saw left and ends as an expected failure naming them."""
+    replica = stats(cluster)["replica"]
+    name = next(
+        actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)
+        if replica in actor["name"]
+    )
+    handle = ray.get_actor(name, namespace="serve")
+    pid = ray.get(handle.__ray_call__.remote(lambda _: os.getpid()))
+    entries = shm_entries()  # the replica's engine has created its entries by now
+    footprint = Footprint(process_tree(pid), set())
+    footprint.shm = held_shm(footprint.processes, entries - cluster.shm_before)
+    assert len(footprint.processes) >= 3, footprint.processes  # replica, engine core, worker
+    killed = time.monotonic()
+    ray.kill(handle, no_restart=False)
+    left, shm_left, waited = wait_gone(footprint.processes, footprint.shm, 10.0, killed)
+    assert not left, f"still running 10 s after the replica was killed: {describe(left)}"
+    late = wait_gone([], shm_left, 40.0, killed)[1] if shm_left else set()  # slow, or never
+    for name in late:  # this test's own leftovers, by name (see the docstring)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(SHM, name))
+    deadline = time.monotonic() + 240  # Serve notices, starts a replica, its engine starts
+    while True:
+        try:
+            if stats(cluster)["replica"] != replica:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "Serve did not replace the killed replica"
+        time.sleep(1)
+    answer = scripted("demo").scenario.answer
+    with httpx.stream("GET", f"{cluster.url}/chat", params={"q": "Hi"}, timeout=60) as r:
+        assert "".join(d for e, d in events(list(r.iter_lines())) if e == "message") == answer
+    if shm_left:
+        pytest.xfail(f"the killed replica's processes were gone in {waited:.1f} s, but "
+                     f"{sorted(shm_left)} stayed in /dev/shm past 10 s "
+                     f"({sorted(late) or 'all gone'} at 40 s)")
 
 
 def test_shutdown_leaves_no_process_behind(cluster: Cluster) -> None:

@@ -73,3 +73,34 @@ def test_langchain_retriever_chain(gemma: str, minilm: str) -> None:
     pieces = [p for p in chain.stream(QUESTION) if p]
     assert len(pieces) > 1, "the answer did not stream"
     assert ANSWER in "".join(pieces), "".join(pieces)
+
+
+def test_rag_app_example_on_real_checkpoints(gemma: str, minilm: str, capsys) -> None:
+    """``examples/rag_app.py`` as a user copies it, on Gemma 3 and MiniLM with the test kit's
+    reranker, started with no memory option (Gemma and MiniLM on the same options may already run for
+    the tests above; engines started together get planned KV caches, as ``make test`` checks
+    on scripted models): the answer streams with 3 sources from its chunks."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from vllm_inline.engine import get_engine
+    from vllm_inline.testing import build_reranker_model
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "rag_app.py"
+    spec = importlib.util.spec_from_file_location("example_rag_app", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = example
+    spec.loader.exec_module(example)
+    for framework in ("langchain", "llama-index"):
+        answer, sources = example.main(gemma, minilm, None, framework, "What does a reranker do?")
+        assert answer.strip(), framework
+        assert len(sources) == example.KEEP and set(sources) <= set(example.CHUNKS)
+    out = capsys.readouterr().out
+    assert out.count("[source] ") == 2 * example.KEEP
+    # the three engines the example started, each on the options it passes: none
+    for engine in (get_engine(gemma), get_engine(minilm, runner="pooling"),
+                   get_engine(str(build_reranker_model()), runner="pooling")):
+        assert engine.started
+        assert not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(engine.vllm_kwargs)
