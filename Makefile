@@ -9,6 +9,7 @@ VLLM_EXTRA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 BULK_ARGS ?=
+RAG_ARGS ?=
 
 .PHONY: install test test-fast test-random test-wheel test-parallel test-real test-compat demo check bench bench-compare clean
 
@@ -155,6 +156,7 @@ bench: install
 	$(PY) benchmarks/bulk.py $(BULK_ARGS)
 	$(PY) benchmarks/embeddings.py
 	$(PY) benchmarks/rerank.py
+	$(PY) benchmarks/rag.py $(RAG_ARGS)
 	$(PY) benchmarks/gpu_sim.py
 
 # `make bench-compare REF=2781d6f`: this tree against another version of vllm-inline (a git ref,

@@ -214,7 +214,9 @@ def phase_inline(spec: ModelSpec, model: str, prompt_ids: list[int], args: argpa
 # -- (5) vLLM's OpenAI server + ChatOpenAI -------------------------------------------------------
 
 
-def _cli(options: dict[str, Any]) -> list[str]:
+def cli_flags(options: dict[str, Any]) -> list[str]:
+    """Engine options (``AsyncEngineArgs`` names) as ``vllm serve`` flags: ``--max-model-len
+    512``; ``True`` becomes the bare flag (``--enforce-eager``)."""
     out = []
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
@@ -222,13 +224,38 @@ def _cli(options: dict[str, Any]) -> list[str]:
     return out
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+def start_server(model: str, port: int, options: dict[str, Any], log_path: pathlib.Path,
+                 extra: list[str] | tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    """Start vLLM's OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``,
+    what ``vllm serve`` runs) for ``model`` on 127.0.0.1:``port`` with ``options`` as flags and
+    ``extra`` flags after them; its output goes to ``log_path``. Stop it with :func:`stop_server`.
+
+    It gets the environment this script started with (:data:`USER_ENV`; only the log level
+    differs), and its own process group (so that :func:`stop_server` can signal the server and
+    its engine processes together) but this session: a new session is a new scheduler autogroup
+    on Linux, and the kernel then shares the CPUs between the server's session, whose engine
+    core and worker busy-poll, and this client's, so the client waited on the run queue at
+    every token (~0.5 s per request here, see docs/performance.md "The HTTP row").
+    """
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+           "--host", "127.0.0.1", "--port", str(port), *cli_flags(options), *extra]
+    env = {**USER_ENV, "VLLM_LOGGING_LEVEL": "WARNING"}
+    with open(log_path, "wb") as server_log:
+        return subprocess.Popen(cmd, stdout=server_log, stderr=subprocess.STDOUT,
+                                process_group=0, env=env)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float,
+                 interval: float = 0.5) -> None:
+    """Poll ``url`` (a server's ``/health``) every ``interval`` seconds until it answers 200;
+    raise if ``proc`` exits first or ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -239,11 +266,13 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float) -> No
                     return
         except OSError:
             pass
-        time.sleep(0.5)
+        time.sleep(interval)
     raise TimeoutError(f"vLLM's server was not healthy within {timeout:.0f} s")
 
 
-def _stop_server(proc: subprocess.Popen[bytes]) -> None:
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a server from :func:`start_server` and its engine processes: SIGTERM to its process
+    group (by the server's pid), SIGKILL after 30 s."""
     if proc.poll() is not None:
         return
     os.killpg(proc.pid, signal.SIGTERM)  # its own process group: the server and its engine processes
@@ -255,23 +284,13 @@ def _stop_server(proc: subprocess.Popen[bytes]) -> None:
 
 
 def phase_http(spec: ModelSpec, model: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-           "--host", "127.0.0.1", "--port", str(port), *_cli(ENGINE_OPTIONS),
-           "--structured-outputs-config", json.dumps(_STRUCTURED)]
+    port = free_port()
     log_path = args.out / f"server-{spec.name}.log.tmp"
     log(f"{spec.name}: HTTP: starting vLLM's OpenAI server on 127.0.0.1:{port} (log: {log_path})")
-    env = {**USER_ENV, "VLLM_LOGGING_LEVEL": "WARNING"}  # only the log level differs
-    # Its own process group (so that _stop_server can signal the server and its engine
-    # processes together) but this session: a new session is a new scheduler autogroup on
-    # Linux, and the kernel then shares the CPUs between the server's session, whose engine
-    # core and worker busy-poll, and this client's, so the client waited on the run queue at
-    # every token (~0.5 s per request here, see docs/performance.md "The HTTP row").
-    with open(log_path, "wb") as server_log:
-        proc = subprocess.Popen(cmd, stdout=server_log, stderr=subprocess.STDOUT,
-                                process_group=0, env=env)
+    proc = start_server(model, port, ENGINE_OPTIONS, log_path,
+                        ["--structured-outputs-config", json.dumps(_STRUCTURED)])
     try:
-        _wait_healthy(f"http://127.0.0.1:{port}/health", proc, timeout=300)
+        wait_healthy(f"http://127.0.0.1:{port}/health", proc, timeout=300)
         base_url = f"http://127.0.0.1:{port}/v1"
 
         async def main() -> list[dict[str, Any]]:
@@ -286,7 +305,7 @@ def phase_http(spec: ModelSpec, model: str, args: argparse.Namespace) -> list[di
 
         return asyncio.run(main())
     finally:
-        _stop_server(proc)
+        stop_server(proc)
 
 
 # -- main ---------------------------------------------------------------------------------------
@@ -371,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "rounds": {c: rounds_for(c) for c in args.concurrency},
         "models": models,
-        "versions": _versions(),
+        "versions": versions(),
     }
     out = args.out
     (out / "bench.json").write_text(json.dumps(
@@ -403,7 +422,8 @@ def _cpu_model() -> str:
     return platform.machine()
 
 
-def _versions() -> dict[str, str]:
+def versions() -> dict[str, str]:
+    """Installed versions of vLLM, torch and the frameworks the benchmarks compare."""
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
