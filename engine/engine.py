@@ -319,13 +319,9 @@ class Engine:
 
     def _request(self, messages: Any, options: Mapping[str, Any]) -> Request:
         runtime = self._runtime
-        return build_request(
-            messages,
-            options,
-            adapters=self.adapters,
-            max_model_len=runtime.max_model_len if runtime else None,
-            engine_options=self.vllm_kwargs,
-        )
+        limit = runtime.max_model_len if runtime else None
+        return build_request(messages, options, adapters=self.adapters, max_model_len=limit,
+                             engine_options=self.vllm_kwargs)
 
     async def _arun(self, job: Callable[[Runtime], Coroutine[Any, Any, T]]) -> T:
         """Run ``job(runtime)`` on the engine loop and await it from the caller's loop."""
