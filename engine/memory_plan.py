@@ -69,6 +69,7 @@ __all__ = [
     "EngineNeeds",
     "check_alone_start",
     "plan_memory",
+    "sized_by_user",
 ]
 
 GiB = 2**30
@@ -104,7 +105,7 @@ class EngineNeeds:
     @property
     def sized_by_user(self) -> bool:
         """True when the user set a memory option: the plan counts it, and changes nothing."""
-        return any(self.user_kwargs.get(name) is not None for name in MEMORY_OPTIONS)
+        return sized_by_user(self.user_kwargs)
 
     @property
     def pooling(self) -> bool:
@@ -130,6 +131,11 @@ class EngineNeeds:
         """KV-cache bytes of one full-length sequence (0 when unknown)."""
         per_token = (self.facts.kv_elements_per_token or 0) * DTYPE_BYTES.get(self.dtype, 4)
         return per_token * self.max_len
+
+
+def sized_by_user(user_kwargs: Mapping[str, Any]) -> bool:
+    """True when ``user_kwargs`` set one of :data:`MEMORY_OPTIONS`: nothing to plan for it."""
+    return any(user_kwargs.get(name) is not None for name in MEMORY_OPTIONS)
 
 
 def plan_memory(engines: Sequence[EngineNeeds]) -> list[tuple[Choice, ...]]:

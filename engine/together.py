@@ -78,12 +78,15 @@ def start_engines(
 
 
 def _plan(engines: Sequence[Engine]) -> dict[int, tuple[Choice, ...]]:
-    """The memory plan of the engines about to start together (by ``id``); measuring the
-    device and the models imports vLLM, so one engine alone plans nothing."""
-    if len({id(engine) for engine in engines}) < 2:
+    """The memory plan of the engines about to start together (by ``id``). Measuring the
+    device and the models imports vLLM and reads each model's configuration, seconds in this
+    process before any engine can spawn, so one engine alone, or engines all sized by their
+    users, are neither planned nor measured."""
+    from .memory_plan import EngineNeeds, plan_memory, sized_by_user
+
+    if len({id(e) for e in engines}) < 2 or all(sized_by_user(e.vllm_kwargs) for e in engines):
         return {}
     from . import _vllm_platform, _vllm_quiet
-    from .memory_plan import EngineNeeds, plan_memory
 
     _vllm_quiet.install_filters()  # before vLLM's import, which logs
     needs = [

@@ -35,6 +35,7 @@ from vllm_inline.engine.memory_plan import (
     EngineNeeds,
     check_alone_start,
     plan_memory,
+    sized_by_user,
 )
 from vllm_inline.engine.platform_defaults import MachineFacts, choose_engine_kwargs
 
@@ -67,7 +68,7 @@ def rag(facts, chat=CHAT, user=None) -> list[EngineNeeds]:
     return [
         EngineNeeds("chat", dict(user.get("chat", {})), facts(**chat)),
         EngineNeeds("embedder", {"runner": "pooling", **user.get("embedder", {})}, facts(**SMALL)),
-        EngineNeeds("reranker", {"runner": "pooling"}, facts(**SMALL)),
+        EngineNeeds("reranker", {"runner": "pooling", **user.get("reranker", {})}, facts(**SMALL)),
     ]
 
 
@@ -131,6 +132,16 @@ def test_what_the_user_sets_wins_and_is_counted():
 def test_one_engine_alone_or_no_free_memory_plans_nothing():
     assert plan_memory(rag(cpu)[:1]) == [()]
     assert plan_memory(rag(lambda **m: MachineFacts(is_cpu=True, **m))) == [(), (), ()]
+
+
+def test_engines_all_sized_by_their_users_plan_nothing():
+    # start_engines then measures nothing either: no vLLM import, no model configs read
+    user = {"chat": {"gpu_memory_utilization": 0.3}, "embedder": {"kv_cache_memory_bytes": GiB},
+            "reranker": {"kv_cache_memory_bytes": GiB}}
+    engines = rag(cpu, user=user)
+    assert all(sized_by_user(e.user_kwargs) for e in engines)
+    assert plan_memory(engines) == [(), (), ()]
+    assert not sized_by_user({"kv_cache_memory_bytes": None, "max_model_len": 512})
 
 
 # -- the GPU: vLLM's accounting, replayed --------------------------------------------------------
