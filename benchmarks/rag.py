@@ -2,7 +2,8 @@
 
 A turn: embed the question, take the top 8 of 1,000 chunks from an in-memory vector store,
 rerank them to 3, stream the answer (max_tokens=32, greedy). Two sides, the same models and
-engine options (``vllm_inline.testing.CPU_TEST_ENGINE_KWARGS``; flags for the servers):
+engine options (``vllm_inline.testing.CPU_TEST_ENGINE_KWARGS``, the window cut to what each
+model allows; flags for the servers):
 
 - **one process**: ``VLLMEmbeddings`` + ``VLLMRerank`` + ``ChatVLLM`` in an LCEL chain over
   ``InMemoryVectorStore``; LlamaIndex ``VLLMEmbedding`` + ``VLLMRerank`` + ``VLLM`` in a
@@ -19,7 +20,8 @@ alone); peak RSS of the side's processes (it and its descendants: engine cores a
 the three server trees); cold start (from before ``start_engines``, or the servers' launch, to
 the first token of the LangChain app's first answer, indexing included; servers' readiness by
 polling ``/health``). The floor: each step timed on the one-process engines (``Engine.aembed``,
-a numpy top-8, ``Engine.ascore``, raw ``AsyncLLM.generate``'s first token), summed.
+a numpy top-8, ``Engine.ascore``, raw ``AsyncLLM.generate``'s first token), summed; and the
+same steps through each side's LangChain clients (``rag_turns.client_steps``): the hops.
 
     python benchmarks/rag.py --quick            # tiny tier, 8 and 16 turns: a smoke run
     python benchmarks/rag.py --tier real        # Gemma 3 270M + all-MiniLM-L6-v2
@@ -32,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
 import pathlib
@@ -41,172 +42,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import run  # noqa: E402  (sets VLLM_LOGGING_LEVEL before vLLM loads; keeps USER_ENV)
-from measure import RssSampler, percentile  # noqa: E402
+from rag_turns import (  # noqa: E402
+    CHUNKS, CLIENT_STEPS, CONCURRENCY, FLOOR_OF, FRAMEWORKS, KEEP, MAX_TOKENS, RETRIEVE, SAMPLING,
+    SIDES, both_apps, corpus, floor, http_postprocessor, log, questions, server_rerank,
+)
 
 from vllm_inline.testing import CPU_TEST_ENGINE_KWARGS  # noqa: E402
-
-RETRIEVE, KEEP, MAX_TOKENS, CONCURRENCY, CHUNKS = 8, 3, 32, 16, 1000
-# Greedy on both sides; repetition_penalty because vllm-inline's default is 1.1, vLLM's 1.0.
-SAMPLING = {"temperature": 0.0, "repetition_penalty": 1.0}
-PROMPT = "Answer from this context:\n{context}\n\nQuestion: {question}"
-FRAMEWORKS, SIDES = ("langchain", "llama_index"), ("one_process", "three_servers")
-_ADJ = "red quiet old bright small heavy silver hidden".split()
-_NOUN = "robot river lantern engine garden library tower harbor".split()
-_VERB = "repairs paints guards measures carries cleans counts opens".split()
-_PLACE = "Oslo Lisbon Kyoto Lima Cairo Quebec Perth Bergen".split()
-
-
-def log(msg: str) -> None:
-    print(f"[rag {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def corpus(n: int = CHUNKS) -> list[str]:
-    """``n`` distinct short chunks, the same on every run (word lists with co-prime strides)."""
-    return [f"Record {i}: the {_ADJ[i % 8]} {_NOUN[i * 3 % 8]} {_VERB[i * 5 % 8]} the "
-            f"{_NOUN[i * 7 % 8]} in {_PLACE[i // 8 % 8]} every {i % 24 + 1} days."
-            for i in range(n)]
-
-
-def questions() -> Callable[[], str]:
-    """The next question, each asked once (no turn is answered from another's cache); both
-    sides ask the same ones in the same order."""
-    return map(lambda k: f"What does the {_ADJ[k % 8]} {_NOUN[k * 3 % 8]} do in "
-               f"{_PLACE[k // 8 % 8]}? ({k})", itertools.count()).__next__
-
-
-# -- the two apps (examples/rag_app.py), on either side's clients -------------------------------
-
-
-async def langchain_app(llm: Any, embeddings: Any, rerank: Callable, chunks: list[str]) -> Any:
-    """The LCEL chain ``{"question", "sources", "answer"}`` over an indexed vector store."""
-    from langchain_core.output_parsers import StrOutputParser
-    from langchain_core.prompts import ChatPromptTemplate
-    from langchain_core.runnables import RunnableLambda, RunnableParallel, RunnablePassthrough
-    from langchain_core.vectorstores import InMemoryVectorStore
-
-    store = InMemoryVectorStore(embeddings)
-    await store.aadd_texts(chunks)
-    retriever = store.as_retriever(search_kwargs={"k": RETRIEVE})
-
-    async def sources(q: str) -> list[Any]:
-        return await rerank(await retriever.ainvoke(q), q)
-
-    answer = (
-        RunnableLambda(lambda x: {"context": "\n".join(d.page_content for d in x["sources"]),
-                                  "question": x["question"]})
-        | ChatPromptTemplate.from_messages([("human", PROMPT)]) | llm | StrOutputParser()
-    )
-    return RunnableParallel(question=RunnablePassthrough(),
-                            sources=RunnableLambda(sources)).assign(answer=answer)
-
-
-def llama_index_app(llm: Any, embed_model: Any, rerank: Any, chunks: list[str]) -> Any:
-    """A streaming query engine over a ``VectorStoreIndex`` of ``chunks``, reranked."""
-    from llama_index.core import Document, PromptTemplate, VectorStoreIndex
-
-    index = VectorStoreIndex.from_documents([Document(text=c) for c in chunks],
-                                            embed_model=embed_model)
-    # One prompt, the chunks cut to fit: LlamaIndex's default mode ("compact") keeps 500 tokens
-    # free for the answer (its DEFAULT_RESPONSE_PADDING_SIZE), which a 512-token window lacks.
-    return index.as_query_engine(
-        llm=llm, similarity_top_k=RETRIEVE, node_postprocessors=[rerank], streaming=True,
-        response_mode="simple_summarize",
-        text_qa_template=PromptTemplate(PROMPT.format(context="{context_str}",
-                                                      question="{query_str}")))
-
-
-def streams(chain: Any, query_engine: Any) -> dict[str, Callable[[str], AsyncIterator[str]]]:
-    """Each framework's turn as an async iterator of answer text, on its async API."""
-    async def lc(q: str) -> AsyncIterator[str]:
-        async for chunk in chain.astream(q):
-            if chunk.get("answer"):
-                yield chunk["answer"]
-
-    async def li(q: str) -> AsyncIterator[str]:
-        async for text in (await query_engine.aquery(q)).async_response_gen():
-            if text:
-                yield text
-
-    return {"langchain": lc, "llama_index": li}
-
-
-# -- measuring turns ---------------------------------------------------------------------------
-
-
-async def turn(stream: Callable[[str], AsyncIterator[str]], q: str) -> dict[str, float]:
-    """One turn: ms to the first answer text (an empty answer counts its end), ms to its end,
-    this process's CPU ms meanwhile (meaningful at c=1 only), the answer's characters."""
-    cpu0, t0, first, chars = time.process_time(), time.perf_counter(), None, 0
-    async for text in stream(q):
-        first = first or time.perf_counter()
-        chars += len(text)
-    end = time.perf_counter()
-    return {"ttft_ms": ((first or end) - t0) * 1e3, "turn_ms": (end - t0) * 1e3, "chars": chars,
-            "cpu_ms": (time.process_time() - cpu0) * 1e3}
-
-
-async def at_concurrency(stream: Callable, qs: list[str]) -> dict[str, Any]:
-    """All of ``qs`` through ``CONCURRENCY`` tasks: turns/s, CPU per turn, peak RSS."""
-    pending, records = iter(qs), []
-
-    async def user() -> None:
-        for q in pending:  # one shared iterator: a task takes the next question when free
-            records.append(await turn(stream, q))
-
-    with RssSampler() as rss:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(user() for _ in range(CONCURRENCY)))
-        wall = time.perf_counter() - t0
-    return {"turns": len(records), "wall_s": wall, "turns_s": len(records) / wall,
-            "cpu_ms_per_turn": rss.cpu_s * 1e3 / len(records), "peak_rss_mib": rss.peak_mib,
-            "ttft_p50_ms": percentile([r["ttft_ms"] for r in records], 50)}
-
-
-async def measure(apps: dict[str, Callable], cfg: dict, ask: Callable[[], str]) -> dict:
-    """Warm-up, c=1 turns (the frameworks alternating, so drift hits both alike), then a c=16
-    block per framework."""
-    for name in FRAMEWORKS * 2:  # lazy imports, first kernels, connection pools
-        await turn(apps[name], ask())
-    c1: dict[str, list] = {name: [] for name in FRAMEWORKS}
-    for i in range(cfg["turns"]):
-        for name in FRAMEWORKS[::1 if i % 2 == 0 else -1]:
-            c1[name].append(await turn(apps[name], ask()))
-    log(f"  c=1 done ({cfg['turns']} turns each); c={CONCURRENCY}: {cfg['c16_turns']} each")
-    out = {}
-    for name, recs in c1.items():
-        col = {k: [r[k] for r in recs] for k in recs[0]}
-        qs = [ask() for _ in range(cfg["c16_turns"])]
-        out[name] = {"c1": recs, "ttft_p50_ms": percentile(col["ttft_ms"], 50),
-                     "ttft_p90_ms": percentile(col["ttft_ms"], 90),
-                     "turn_p50_ms": percentile(col["turn_ms"], 50),
-                     "cpu_ms_per_turn_c1": sum(col["cpu_ms"]) / len(recs),
-                     "answer_chars": sum(col["chars"]) / len(recs),
-                     "c16": await at_concurrency(apps[name], qs)}
-    return out
-
-
-async def both_apps(side: str, t0: float, lc_parts: tuple, li_parts: tuple, cfg: dict,
-                    ask: Callable[[], str]) -> dict[str, Any]:
-    """Index the corpus for LangChain and ask its first question (the cold start, counted from
-    ``t0``, ends at that answer's first token); index for LlamaIndex; then :func:`measure`."""
-    chunks, t = corpus(), time.perf_counter()
-    chain = await langchain_app(*lc_parts, chunks)
-    index_lc, t = time.perf_counter() - t, time.perf_counter()
-    cold = t - t0 + (await turn(streams(chain, None)["langchain"], ask()))["ttft_ms"] / 1e3
-    log(f"{side}: cold start to the first token {cold:.1f} s")
-    t = time.perf_counter()
-    query_engine = await asyncio.to_thread(llama_index_app, *li_parts, chunks)  # a sync API
-    index = {"langchain": index_lc, "llama_index": time.perf_counter() - t}
-    return {"cold_start_s": cold, "index_s": index,
-            "frameworks": await measure(streams(chain, query_engine), cfg, ask)}
-
 
 # -- side 1: one process --------------------------------------------------------------------------
 
@@ -217,13 +64,13 @@ def one_process(cfg: dict[str, Any]) -> dict[str, Any]:
     from vllm_inline.integrations import langchain as lc
     from vllm_inline.integrations import llama_index as li
 
-    m, kw = cfg["models"], {"vllm_kwargs": dict(CPU_TEST_ENGINE_KWARGS)}
-    chat = lc.ChatVLLM(model=m["chat"], max_tokens=MAX_TOKENS, **SAMPLING, **kw)
-    emb, rerank = lc.VLLMEmbeddings(model=m["embedder"], **kw), lc.VLLMRerank(
-        model=m["reranker"], top_n=KEEP, **kw)
-    li_parts = (li.VLLM(model=m["chat"], max_tokens=MAX_TOKENS, **SAMPLING, **kw),
-                li.VLLMEmbedding(model=m["embedder"], **kw),
-                li.VLLMRerank(model=m["reranker"], top_n=KEEP, **kw))
+    m, kw = cfg["models"], {role: {"vllm_kwargs": o} for role, o in cfg["options"].items()}
+    chat = lc.ChatVLLM(model=m["chat"], max_tokens=MAX_TOKENS, **SAMPLING, **kw["chat"])
+    emb, rerank = lc.VLLMEmbeddings(model=m["embedder"], **kw["embedder"]), lc.VLLMRerank(
+        model=m["reranker"], top_n=KEEP, **kw["reranker"])
+    li_parts = (li.VLLM(model=m["chat"], max_tokens=MAX_TOKENS, **SAMPLING, **kw["chat"]),
+                li.VLLMEmbedding(model=m["embedder"], **kw["embedder"]),
+                li.VLLMRerank(model=m["reranker"], top_n=KEEP, **kw["reranker"]))
     engines = (chat.engine, emb.engine, rerank.engine)
     assert tuple(x.engine for x in li_parts) == engines, "the frameworks must share the engines"
     ask = questions()
@@ -241,90 +88,7 @@ def one_process(cfg: dict[str, Any]) -> dict[str, Any]:
         shutdown_engines(*engines)
 
 
-_raw_ids = itertools.count()
-STEPS = ("embed", "search", "score", "raw_ttft", "engine_ttft")
-
-
-async def raw_first_token(llm: Any, prompt_ids: list[int]) -> float:
-    """ms to the first text of raw ``AsyncLLM.generate`` (DELTA); run on the engine's loop."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    params = SamplingParams(max_tokens=MAX_TOKENS, output_kind=RequestOutputKind.DELTA, **SAMPLING)
-    t0, first, request_id = time.perf_counter(), None, f"rag-raw-{next(_raw_ids)}"
-    async for out in llm.generate({"prompt_token_ids": prompt_ids}, params, request_id):
-        if first is None and any(c.text for c in out.outputs):
-            first = time.perf_counter()
-    return ((first or time.perf_counter()) - t0) * 1e3
-
-
-async def floor(engines: tuple, chunks: list[str], turns: int, ask: Callable[[], str]) -> dict:
-    """Each step of a turn on the engines themselves, ``turns`` times: ``Engine.aembed`` of the
-    question, a numpy top-8 over the corpus vectors, ``Engine.ascore`` of the 8, the first token
-    of raw ``AsyncLLM.generate`` (prompt pre-rendered) and of ``Engine.astream``."""
-    import numpy as np
-
-    chat, emb, rerank = engines
-    t = time.perf_counter()
-    vectors = np.asarray(await emb.aembed(chunks), dtype=np.float32)
-    index_s = time.perf_counter() - t
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    steps: dict[str, list[float]] = {k: [] for k in STEPS}
-    prompt_tokens = 0
-    for _ in range(turns):
-        q, t0 = ask(), time.perf_counter()
-        qv = np.asarray((await emb.aembed([q]))[0], dtype=np.float32)
-        t1 = time.perf_counter()
-        docs = [chunks[i] for i in np.argsort(-(vectors @ (qv / np.linalg.norm(qv))))[:RETRIEVE]]
-        t2 = time.perf_counter()
-        scores = await rerank.ascore(q, docs)
-        t3 = time.perf_counter()
-        best = [docs[i] for i in np.argsort(scores)[::-1][:KEEP]]
-        messages = [{"role": "user", "content": PROMPT.format(context="\n".join(best), question=q)}]
-        ids = await chat.aprompt_token_ids(messages)  # not timed: the raw path gets ids
-        prompt_tokens, rt = max(prompt_tokens, len(ids)), chat.runtime
-        raw = await asyncio.wrap_future(rt.loop.submit(raw_first_token(rt.llm, ids)))
-        t4, first = time.perf_counter(), None
-        async for delta in chat.astream(messages, max_tokens=MAX_TOKENS, **SAMPLING):
-            first = first or (time.perf_counter() if delta.text else None)
-        engine_ms = ((first or time.perf_counter()) - t4) * 1e3
-        for key, ms in zip(STEPS, ((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, raw,
-                                   engine_ms)):
-            steps[key].append(ms)
-    if prompt_tokens > chat.max_model_len - MAX_TOKENS:
-        raise AssertionError(f"a prompt of {prompt_tokens} tokens leaves no room for the answer")
-    p50 = {k: percentile(v, 50) for k, v in steps.items()}
-    return {"steps_ms": steps, "p50_ms": p50, "index_s": index_s, "max_prompt_tokens":
-            prompt_tokens, "turn_ttft_ms": p50["embed"] + p50["search"] + p50["score"]
-            + p50["raw_ttft"]}
-
-
 # -- side 2: three servers ------------------------------------------------------------------------
-
-
-async def server_rerank(client: Any, model: str, query: str, texts: list[str]) -> list[int]:
-    """The indices of the ``KEEP`` best ``texts``, best first, from vLLM's ``/rerank``."""
-    r = await client.post("/rerank", json={"model": model, "query": query, "documents": texts,
-                                           "top_n": KEEP})
-    r.raise_for_status()
-    return [x["index"] for x in sorted(r.json()["results"],
-                                       key=lambda x: -x["relevance_score"])[:KEEP]]
-
-
-def http_postprocessor(client: Any, model: str) -> Any:
-    """A LlamaIndex node postprocessor on vLLM's ``/rerank`` (no package ships one)."""
-    from llama_index.core.postprocessor.types import BaseNodePostprocessor
-
-    class VLLMServerRerank(BaseNodePostprocessor):
-        def _postprocess_nodes(self, nodes: list, query_bundle: Any = None) -> list:
-            raise NotImplementedError("the benchmark runs the async query path only")
-
-        async def _apostprocess_nodes(self, nodes: list, query_bundle: Any = None) -> list:
-            texts = [n.node.get_content() for n in nodes]
-            return [nodes[i] for i in await server_rerank(client, model, query_bundle.query_str,
-                                                          texts)]
-
-    return VLLMServerRerank()
 
 
 def three_servers(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -336,7 +100,7 @@ def three_servers(cfg: dict[str, Any]) -> dict[str, Any]:
     try:
         for role, extra in flags.items():
             procs[role] = run.start_server(cfg["models"][role], ports[role],
-                                           dict(CPU_TEST_ENGINE_KWARGS),
+                                           dict(cfg["options"][role]),
                                            out / f"rag-server-{cfg['tier']}-{role}.log.tmp", extra)
         log(f"three servers: launched, ports {ports} (logs: {out}/rag-server-*.log.tmp)")
         return asyncio.run(servers_main(cfg, ports, procs, t0))
@@ -368,7 +132,7 @@ async def servers_main(cfg: dict, ports: dict, procs: dict, t0: float) -> dict[s
     emb = OpenAIEmbeddings(model=m["embedder"], base_url=url["embedder"],
                            check_embedding_ctx_length=False, **common)
     li_llm = OpenAILike(model=m["chat"], api_base=url["chat"], is_chat_model=True,
-                        context_window=CPU_TEST_ENGINE_KWARGS["max_model_len"],
+                        context_window=cfg["options"]["chat"]["max_model_len"],
                         additional_kwargs={"extra_body": body}, **sampling, **common)
     li_emb = OpenAILikeEmbedding(model_name=m["embedder"], api_base=url["embedder"], **common)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports['reranker']}",
@@ -399,6 +163,17 @@ def build_models(tier: str) -> dict[str, str]:
 
         chat, embedder = gemma_dir(cache_root()), minilm_dir(cache_root())
     return {"chat": str(chat), "embedder": str(embedder), "reranker": str(build_reranker_model())}
+
+
+def engine_options(model: str) -> dict[str, Any]:
+    """The tests' CPU options, the window cut to what the model allows: vLLM refuses a
+    ``max_model_len`` past a sentence-transformers model's ``max_seq_length`` (MiniLM: 256)."""
+    options = dict(CPU_TEST_ENGINE_KWARGS)
+    st = pathlib.Path(model) / "sentence_bert_config.json"
+    if st.exists():
+        limit = json.loads(st.read_text()).get("max_seq_length")
+        options["max_model_len"] = min(options["max_model_len"], limit or options["max_model_len"])
+    return options
 
 
 def chat_setup(model: str, scratch: pathlib.Path) -> tuple[list[str], list[int]]:
@@ -489,7 +264,17 @@ def table(tier: str, res: dict[str, Any], cfg: dict[str, Any]) -> str:
             f"{p['engine_ttft']:.1f}; Engine.aembed of the {CHUNKS:,} chunks {fl['index_s']:.2f} "
             f"s; longest prompt {fl['max_prompt_tokens']} tokens)",
             "one-process TTFT p50 / floor: " + ", ".join(
-                f"{fw} {ttft[fw] / fl['turn_ttft_ms']:.2f}x" for fw in FRAMEWORKS)]
+                f"{fw} {ttft[fw] / fl['turn_ttft_ms']:.2f}x" for fw in FRAMEWORKS), "",
+            f"each step of the LangChain turn alone (p50 of {cfg['turns']}, ms; the store's "
+            "top 8 against numpy's):", "", "| step | floor | one process | three servers | "
+            "three servers - one process |", "|---|---|---|---|---|"]
+    st = [res[side]["steps_p50_ms"] for side in SIDES]
+    rows = [(k, p[FLOOR_OF[k]], st[0][k], st[1][k]) for k in CLIENT_STEPS]
+    rows += [("sum", fl["turn_ttft_ms"], sum(st[0].values()), sum(st[1].values())),
+             ("the chain's TTFT", None, ttft["langchain"],
+              figure(res, SIDES[1], "langchain", "ttft_p50_ms"))]
+    out += [f"| {k} | {'-' if f is None else f'{f:.1f}'} | {a:.1f} | {b:.1f} | {b - a:+.1f} |"
+            for k, f, a, b in rows]
     return "\n".join(out)
 
 
@@ -511,7 +296,7 @@ def meta(cfg: dict[str, Any], started: float) -> dict[str, Any]:
     return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
             "command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
             "elapsed_s": round(time.perf_counter() - started, 1), "config": cfg,
-            "engine_options": CPU_TEST_ENGINE_KWARGS, "sampling": {**SAMPLING, "max_tokens":
+            "sampling": {**SAMPLING, "max_tokens":
             MAX_TOKENS}, "versions": {**run.versions(), **{n: version(n) for n in clients}}}
 
 
@@ -536,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             models = build_models(tier)
             chat_flags, stop_ids = chat_setup(models["chat"], pathlib.Path(tmp))
             cfg = {"tier": tier, "models": models, "turns": args.turns,
+                   "options": {role: engine_options(m) for role, m in models.items()},
                    "c16_turns": args.c16_turns, "chat_flags": chat_flags,
                    "stop_token_ids": stop_ids, "out": str(out)}
             res = {}
