@@ -375,8 +375,7 @@ def _running(engine: Engine) -> list[tuple[str, dict[str, Any]]]:
 
 
 def shutdown_all() -> None:
-    """Shut down every engine of the process, all at once (runs at interpreter exit; see
-    :func:`.together.shutdown_engines`)."""
+    """Shut down every engine of the process at once (:func:`.shutdown_engines`; at exit too)."""
     with _engines_lock:
         engines = list(_engines.values())
     shutdown_engines(*engines)
@@ -384,9 +383,8 @@ def shutdown_all() -> None:
 
 def _at_exit() -> None:
     shutdown_all()
-    # Hand the heap the engine froze at start (see _vllm.start_engine) back to the collector,
-    # so the interpreter's last collections free it: native extensions (triton's nanobind
-    # bindings) otherwise report their objects as leaked on the way out.
+    # Give the heap frozen at start (_vllm.start_engine) back to the last collections: native
+    # extensions (triton's nanobind bindings) otherwise report their objects leaked at exit.
     gc.unfreeze()
 
 
@@ -395,4 +393,8 @@ def _register_exit() -> None:
     with _engines_lock:
         if not _exit_registered:
             atexit.register(_at_exit)
+            # multiprocessing's atexit hook joins the engine cores, forever if it runs first (as
+            # once multiprocessing.get_logger() re-registers it); its finalizers precede the join.
+            from multiprocessing import util
+            util.Finalize(None, _at_exit, exitpriority=0)
             _exit_registered = True

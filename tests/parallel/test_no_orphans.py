@@ -3,7 +3,9 @@
 An app holds engines, answers once, and is stopped the way services and notebooks are
 stopped: SIGTERM with Python's default handler (``kill``, ``docker stop``, ``systemctl stop``),
 SIGKILL (the OOM killer), ``os._exit``, a Jupyter kernel restart, a ``uvicorn --reload``
-reload; and an app on a data-parallel engine (a DP coordinator, two engine cores) is SIGKILLed.
+reload, a normal exit after ``multiprocessing.get_logger()`` (which puts multiprocessing's exit
+hook, joining the engine cores, ahead of the package's: that exit used to wait forever); and an
+app on a data-parallel engine (a DP coordinator, two engine cores) is SIGKILLed.
 Within 10 s every process it spawned (engine cores, workers, the coordinator,
 multiprocessing's resource tracker) is gone and no ``/dev/shm`` entry it created remains.
 Each case prints how long that took (``pytest -s``).
@@ -52,9 +54,15 @@ APP = textwrap.dedent(
         embeddings = VLLMEmbeddings(model=embedder, vllm_kwargs=kwargs) if embedder else None
         size = len(embeddings.embed_query("hi")) if embeddings else None
         print("READY", json.dumps([chat.invoke("Hi").content, size]), flush=True)
-        if how == "os._exit":
+        if how in ("os._exit", "exit"):
             time.sleep(1)  # the test lists this process's children meanwhile
+        if how == "os._exit":
             os._exit(3)
+        if how == "exit":  # a normal exit, multiprocessing's exit hook (it joins the engine
+            import multiprocessing  # cores) moved ahead of the package's, as its logger does
+
+            multiprocessing.get_logger()
+            sys.exit(0)
         time.sleep(600)
     """
 )
@@ -92,7 +100,7 @@ def app_dies_leaving_nothing(
     app.assert_gone(BOUND, f"{how} of the app")
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL", "os._exit"])
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL", "os._exit", "exit"])
 def test_an_app_with_two_engines_leaves_nothing_behind(
     scripted, scripted_root: Path, tmp_path: Path, started: Started, how: str
 ) -> None:
