@@ -20,12 +20,24 @@ duplicates vLLM's death pipe, which is harmless. Each engine process leads a pro
 its own, so a signal to the app's whole group (SIGKILL on a notebook kernel's group, Ray
 killing a replica's group) reaches the app alone and the engine stops as above, releasing its
 shared memory, instead of dying with it, shared memory left behind.
+
+**Shared memory with no name left behind.** vLLM's engine core broadcasts to its workers, and
+each worker answers, through ring buffers in ``/dev/shm`` that the writer creates and only its
+own shutdown unlinks. When the writer is killed outright (Ray's cleanup of a killed replica's
+children, the OOM killer choosing the engine core, the biggest process) nothing unlinks them, and
+each stays in ``/dev/shm``, holding its memory, until the machine restarts.
+:func:`release_names_when_attached` unlinks a queue's names as soon as every reader has attached
+(``wait_until_ready``), the way Ray's object store does its own: the mappings work on, and the
+kernel frees the memory when the last process holding it ends, however it ends.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
+import importlib.abc
+import importlib.util
 import os
 import select
 import shutil
@@ -36,7 +48,13 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["PARENT_PID_VARIABLE", "boot", "engine_environment", "watch_parent"]
+__all__ = [
+    "PARENT_PID_VARIABLE",
+    "boot",
+    "engine_environment",
+    "release_names_when_attached",
+    "watch_parent",
+]
 
 PARENT_PID_VARIABLE = "VLLMINLINE_PARENT_PID"
 """The pid of the process that spawned this one, as that process saw itself: a child that
@@ -44,6 +62,7 @@ finds another parent was orphaned before its watch began, and stops at once."""
 
 _SPAWNED_FLAG = "--multiprocessing-fork"  # multiprocessing's spawn puts it on a child's argv
 _RESOURCE_TRACKER = "from multiprocessing.resource_tracker import main"  # the tracker's -c code
+_SHM_BROADCAST = "vllm.distributed.device_communicators.shm_broadcast"  # vLLM's MessageQueue
 
 _boot_lock = threading.Lock()
 _boot_dir: str | None = None
@@ -76,6 +95,7 @@ def boot(quiet_module: Any) -> None:
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)
     watch_parent(grace=quiet_module.shutdown_timeout())
+    _after_import(_SHM_BROADCAST, release_names_when_attached)
 
 
 def watch_parent(grace: float) -> None:
@@ -115,6 +135,63 @@ def _stop_after(parent: int | None, grace: float) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(grace)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+
+def release_names_when_attached(shm_broadcast: Any) -> None:
+    """Make every ``MessageQueue`` of vLLM's ``shm_broadcast`` module unlink the ``/dev/shm``
+    names it created once all its readers have attached (see the module docstring).
+
+    A reader attaches in ``MessageQueue.create_from_handle`` before it subscribes, and the
+    writer's ``wait_until_ready`` returns once every local reader has subscribed, so no one
+    opens the name after that. ``unlink`` also takes the name off multiprocessing's resource
+    tracker, and the buffer then counts as not its creator's, so vLLM's own teardown does not
+    unlink it a second time.
+    """
+    queue = shm_broadcast.MessageQueue
+    wait = queue.wait_until_ready
+
+    @functools.wraps(wait)
+    def wait_until_ready(self: Any) -> None:
+        wait(self)
+        # The ring buffer; its tensor arena too, where vLLM has one (0.32+, off by default).
+        for holder in (getattr(self, "buffer", None), getattr(self, "tensor_arena", None)):
+            if holder is not None and getattr(holder, "is_creator", False):
+                holder.shared_memory.unlink()
+                holder.is_creator = False
+
+    queue.wait_until_ready = wait_until_ready
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``then(module)`` once the module ``name`` has been executed, wherever it is
+    imported from. The standard library has no post-import hook, and this file runs before
+    vLLM is imported, so it cannot patch vLLM's module any other way."""
+
+    def __init__(self, name: str, then: Any) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # once; the real finders locate the module
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            execute = spec.loader.exec_module
+
+            def exec_module(module: Any) -> None:
+                execute(module)
+                self.then(module)
+
+            spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _after_import(name: str, then: Any) -> None:
+    if name in sys.modules:
+        then(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, then))
 
 
 _SITECUSTOMIZE = '''\

@@ -1,5 +1,5 @@
 """Engine lifecycle on the suite's engines: exports, lazy imports, environment variables, lazy
-start, the start-up heap freeze. Shutdown, restart, engine death and a script's exit start
+start, the start-up heap freeze, shared memory with no name. Shutdown, restart, engine death and a script's exit start
 engines of their own: ``tests/parallel/test_own_engines.py`` (``make test-parallel``)."""
 
 from __future__ import annotations
@@ -69,6 +69,29 @@ def test_a_started_engine_freezes_the_start_up_heap(scripted):
     engine = scripted("llama3").engine.start()
     assert engine.started
     assert gc.get_freeze_count() > 100_000
+
+
+def test_a_running_engine_s_shared_memory_has_no_name_left_to_outlive_it(scripted):
+    """The ring buffers between an engine core and its worker are mapped by both, their
+    ``/dev/shm`` names already unlinked (engine/_vllm_boot.py): a kill of every process of the
+    engine at once (Ray's cleanup of a replica, the OOM killer on the engine core) leaves none
+    of them behind. Read off ``/proc/<pid>/maps`` of this process's engine processes."""
+    import psutil
+
+    scripted("llama3").engine.start()
+    mapped: dict[str, set[str]] = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            with open(f"/proc/{child.pid}/maps") as maps:
+                lines = [line.split(None, 5)[5].strip() for line in maps if "/dev/shm/psm_" in line]
+        except (FileNotFoundError, ProcessLookupError):  # ended meanwhile (another test's)
+            continue
+        if lines:
+            mapped[f"{child.pid} {child.name()}"] = set(lines)
+    names = {name for lines in mapped.values() for name in lines}
+    # The engine core's broadcast to its worker and the worker's answers, at least.
+    assert len(names) >= 2 and len(mapped) >= 2, mapped
+    assert all(name.endswith(" (deleted)") for name in names), mapped
 
 
 def test_start_engines_stops_what_it_started_when_one_fails_and_names_that_model(scripted):

@@ -69,6 +69,14 @@ CONTRACT: tuple[Use, ...] = (
     # sets or reads for the engine's processes
     _u("vllm.envs", "VLLM_LOGGING_LEVEL"),
     _u("vllm.envs", "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"),
+    # engine/_vllm_boot.py names these as strings too: the shared-memory queues whose names the
+    # engine's processes unlink once every reader has attached
+    _u("vllm.distributed.device_communicators.shm_broadcast", "MessageQueue", members=(
+        "wait_until_ready", "buffer",
+    )),
+    _u("vllm.distributed.device_communicators.shm_broadcast", "ShmRingBuffer", members=(
+        "is_creator", "shared_memory",
+    )),
     _u("vllm.exceptions", "VLLMValidationError", members=("parameter", "value")),
     _u("vllm.lora.request", "LoRARequest"),
     _u("vllm.platforms", "current_platform"),
