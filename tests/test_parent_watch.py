@@ -1,7 +1,8 @@
 """The watch each engine process runs from its ``sitecustomize`` (engine/_vllm_boot.py): a
 process started by multiprocessing's spawn gets SIGTERM when its parent ends, however the
-parent ended; other processes are left alone. No engine here (the real engines, killed three
-ways: tests/parallel/test_no_orphans.py)."""
+parent ended; other processes are left alone; and it ends, once its exit hooks have run,
+without the interpreter's finalization. No engine here (the real engines, killed three ways:
+tests/parallel/test_no_orphans.py)."""
 
 from __future__ import annotations
 
@@ -100,3 +101,57 @@ def test_engine_environment_carries_the_boot_directory_and_this_pid() -> None:
     boot = environment["PYTHONPATH"].split(os.pathsep)[0]
     assert (Path(boot) / "sitecustomize.py").is_file()
     assert environment[_vllm_boot.PARENT_PID_VARIABLE] == str(os.getpid())
+
+
+EXITING = textwrap.dedent(
+    """
+    import atexit, gc, multiprocessing, os, sys
+    from vllm_inline.engine import _vllm_boot
+
+    class Cycle:
+        def __del__(self, open=open):  # the builtins are gone by the interpreter's last collection
+            with open(self.marker, "w") as f:
+                f.write("finalization ran")
+
+    def child(directory, fail):
+        atexit.register(lambda: open(os.path.join(directory, "hook"), "w").write("exit hook ran"))
+        print("buffered line", end="")  # not flushed: the exit must flush it
+        gc.disable()  # no collection before the exit; the interpreter's last ones ignore this
+        cycle = Cycle()
+        cycle.marker, cycle.self = os.path.join(directory, "collected"), cycle
+        del cycle
+        if fail:
+            raise RuntimeError("the child failed")
+        sys.exit(3)
+
+    if __name__ == "__main__":
+        os.environ.update(_vllm_boot.engine_environment())
+        for fail in (False, True):
+            process = multiprocessing.get_context("spawn").Process(
+                target=child, args=(sys.argv[1], fail)
+            )
+            process.start()
+            process.join(60)
+            print(f" exitcode={process.exitcode}", flush=True)
+    """
+)
+
+
+def test_a_spawned_child_keeps_its_exit_code_and_hooks_but_skips_the_interpreters_last_collections(
+    tmp_path: Path,
+) -> None:
+    """An engine process ends through the C library's ``exit`` after its exit hooks: its exit
+    code, its exit hooks and its unflushed output stay; the interpreter's last collections over
+    vLLM's heap (seconds of every engine shutdown) do not run. That C++ destructors still run
+    is shown on a real engine: the TP=2 case of tests/parallel/test_no_orphans.py (vLLM's CPU
+    communicator unlinks its /dev/shm segments in one)."""
+    script = tmp_path / "parent.py"
+    script.write_text(EXITING)
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "buffered line exitcode=3\nbuffered line exitcode=1\n"
+    assert "RuntimeError: the child failed" in result.stderr
+    assert (tmp_path / "hook").read_text() == "exit hook ran"
+    assert not (tmp_path / "collected").exists(), "the interpreter's finalization ran"
