@@ -98,8 +98,7 @@ def boot(quiet_module: Any) -> None:
             os.setpgid(0, 0)
     watch_parent(grace=quiet_module.shutdown_timeout())
     _after_import(_SHM_BROADCAST, release_names_when_attached)
-    if _SPAWNED_FLAG in sys.argv:
-        exit_without_finalization()
+    exit_without_finalization()
 
 
 def exit_without_finalization() -> None:
@@ -118,8 +117,11 @@ def exit_without_finalization() -> None:
     and flushes C's buffered output. The hook is registered before vLLM is imported, so it runs
     after every other exit hook (vLLM's teardown, torch's, weakref and multiprocessing
     finalizers). The exit code is the one multiprocessing's ``spawn._main`` returns (the
-    stdlib's, unchanged since Python 3.8); without it the process exits as before.
+    stdlib's, unchanged since Python 3.8); without it the process exits as before. Only in
+    processes started by multiprocessing's spawn, as :func:`watch_parent`.
     """
+    if _SPAWNED_FLAG not in sys.argv:
+        return
     from multiprocessing import spawn
 
     run = getattr(spawn, "_main", None)
