@@ -35,21 +35,20 @@ def _this_cpu_has_bf16() -> bool:
 
 
 def test_an_engine_with_no_options_starts_and_answers_on_this_cpu(scripted: Any) -> None:
-    s = scripted("llama3")
+    """On the examples' engine (tests/test_examples.py): the ``demo`` model with no options, one
+    engine per process for both modules, left running for them (the session ends it)."""
+    s = scripted("demo")
     engine = get_engine(s.path)  # no vllm_kwargs: the engine picks what this CPU needs
-    try:
-        text = "".join(d.text for d in engine.stream(USER, max_tokens=32))
-        assert text == s.scenario.answer
-        chosen = {c.name: c for c in engine.platform_defaults.chosen}
-        # bfloat16 only where the CPU has the instructions (without them the worker dies of SIGILL)
-        assert chosen["dtype"].value == ("bfloat16" if _this_cpu_has_bf16() else "float32")
-        assert chosen["enforce_eager"].value is True
-        kv = chosen["kv_cache_memory_bytes"].value
-        assert 0 < kv <= 4 * 2**30 and "free" in chosen["kv_cache_memory_bytes"].reason
-        assert engine.platform_defaults.kwargs == {c.name: c.value for c in chosen.values()}
-        assert engine.vllm_kwargs == {}  # the user's options are untouched
-    finally:
-        engine.shutdown()
+    text = "".join(d.text for d in engine.stream(USER))
+    assert text == s.scenario.answer
+    chosen = {c.name: c for c in engine.platform_defaults.chosen}
+    # bfloat16 only where the CPU has the instructions (without them the worker dies of SIGILL)
+    assert chosen["dtype"].value == ("bfloat16" if _this_cpu_has_bf16() else "float32")
+    assert chosen["enforce_eager"].value is True
+    kv = chosen["kv_cache_memory_bytes"].value
+    assert 0 < kv <= 4 * 2**30 and "free" in chosen["kv_cache_memory_bytes"].reason
+    assert engine.platform_defaults.kwargs == {c.name: c.value for c in chosen.values()}
+    assert engine.vllm_kwargs == {}  # the user's options are untouched
 
 
 def test_options_the_user_sets_are_kept(scripted: Any) -> None:
