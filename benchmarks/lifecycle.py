@@ -3,7 +3,8 @@ one after another against all at once.
 
     python benchmarks/lifecycle.py [--rounds 2]
 
-1. **One start, phase by phase** (a child process each round, so vLLM is imported afresh):
+1. **One start, phase by phase** (a child process each round, so vLLM is imported afresh),
+   with the worker spawned (vLLM's way on a CPU) and forked (vllm-inline's, the default):
    the import of vLLM in this process, then vLLM's own start-up read off its DEBUG log lines
    (stamped to the millisecond through ``VLLM_LOGGING_CONFIG_PATH``): engine configuration here, the engine core's process spawn and imports,
    the worker's spawn and imports, weights, KV cache and warm-up, then what vllm-inline does
@@ -131,22 +132,32 @@ def phases(times: dict, log: str) -> dict[str, float]:
     }
 
 
-def one_start(rounds: int) -> None:
-    print("1. One engine start, phase by phase (medians, then each round)")
+def one_start(rounds: int, starts: list[str]) -> None:
+    print("1. One engine start, phase by phase (medians, then each round), per way the engine")
+    print("   core starts its worker (VLLMINLINE_WORKER_START: vLLM's spawn, or the fork")
+    print("   vllm-inline makes on a CPU), the ways alternating round by round")
     config = os.path.join(tempfile.mkdtemp(prefix="lifecycle-"), "logging.json")
     with open(config, "w") as f:
         json.dump(LOGGING_CONFIG, f)
-    rows: dict[str, list[float]] = {}
+    rows: dict[str, dict[str, list[float]]] = {start: {} for start in starts}
     for _ in range(rounds):
-        times, log = _child(
-            PHASES, env={"VLLM_LOGGING_LEVEL": "DEBUG", "VLLM_LOGGING_CONFIG_PATH": config}
-        )
-        for name, seconds in phases(times, log).items():
-            rows.setdefault(name, []).append(seconds)
-    for name, values in rows.items():
-        print(f"  {name:55s} {statistics.median(values):6.1f} s  {[round(v, 1) for v in values]}")
-    total = sum(statistics.median(v) for n, v in rows.items() if n not in ("shutdown", "import vLLM (this process)"))
-    print(f"  {'start (engine.start())':55s} {total:6.1f} s")
+        for start in starts:
+            times, log = _child(PHASES, env={
+                "VLLM_LOGGING_LEVEL": "DEBUG", "VLLM_LOGGING_CONFIG_PATH": config,
+                "VLLMINLINE_WORKER_START": start,
+            })
+            for name, seconds in phases(times, log).items():
+                rows[start].setdefault(name, []).append(seconds)
+    totals = {}
+    for start, phase_rows in rows.items():
+        print(f"  worker started by {start}:")
+        for name, values in phase_rows.items():
+            print(f"    {name:53s} {statistics.median(values):6.1f} s  {[round(v, 1) for v in values]}")
+        skip = ("shutdown", "import vLLM (this process)")
+        totals[start] = sum(statistics.median(v) for n, v in phase_rows.items() if n not in skip)
+        print(f"    {'start (engine.start())':53s} {totals[start]:6.1f} s")
+    if "spawn" in totals and "fork" in totals:
+        print(f"  start, fork / spawn: {totals['fork'] / totals['spawn']:.2f}x")
 
 
 def three_engines(rounds: int) -> None:
@@ -169,9 +180,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--only", choices=("phases", "together"), default=None)
+    parser.add_argument("--worker-start", default="spawn,fork",
+                        help="the ways to time the start with, comma-separated (spawn, fork)")
     args = parser.parse_args()
     if args.only != "together":
-        one_start(args.rounds)
+        one_start(args.rounds, args.worker_start.split(","))
     if args.only != "phases":
         three_engines(args.rounds)
 

@@ -29,6 +29,8 @@ each stays in ``/dev/shm``, holding its memory, until the machine restarts.
 :func:`release_names_when_attached` unlinks a queue's names as soon as every reader has attached
 (``wait_until_ready``), the way Ray's object store does its own: the mappings work on, and the
 kernel frees the memory when the last process holding it ends, however it ends.
+
+**Workers forked, not spawned, on a CPU.** See :func:`fork_workers`.
 """
 
 from __future__ import annotations
@@ -47,13 +49,17 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
     "PARENT_PID_VARIABLE",
+    "WORKER_START_VARIABLE",
     "boot",
+    "cpus_to_bind",
     "engine_environment",
     "exit_without_finalization",
+    "fork_workers",
     "release_names_when_attached",
     "watch_parent",
 ]
@@ -61,6 +67,10 @@ __all__ = [
 PARENT_PID_VARIABLE = "VLLMINLINE_PARENT_PID"
 """The pid of the process that spawned this one, as that process saw itself: a child that
 finds another parent was orphaned before its watch began, and stops at once."""
+
+WORKER_START_VARIABLE = "VLLMINLINE_WORKER_START"
+"""How an engine core on a CPU starts vLLM's workers: ``fork`` (the default, see
+:func:`fork_workers`) or ``spawn`` (vLLM's own way on a CPU: set it in the environment)."""
 
 _SPAWNED_FLAG = "--multiprocessing-fork"  # multiprocessing's spawn puts it on a child's argv
 _RESOURCE_TRACKER = "from multiprocessing.resource_tracker import main"  # the tracker's -c code
@@ -70,19 +80,24 @@ _boot_lock = threading.Lock()
 _boot_dir: str | None = None
 
 
-def engine_environment() -> dict[str, str]:
+def engine_environment(*, cpu: bool = False) -> dict[str, str]:
     """Environment variables for the engine's processes: the boot directory on
-    ``PYTHONPATH``, this process's pid, and vLLM's quiet levels (see :mod:`._vllm_quiet`)."""
+    ``PYTHONPATH``, this process's pid, and vLLM's quiet levels (see :mod:`._vllm_quiet`);
+    on vLLM's CPU platform (``cpu``) how the engine core starts its workers, ``fork`` unless
+    :data:`WORKER_START_VARIABLE` says otherwise."""
     from . import _vllm_quiet
 
     boot = _boot_directory()
     # Engines that start at once each set this while they spawn: keep one boot entry.
     paths = [boot, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p != boot)]
-    return {
+    environment = {
         **_vllm_quiet.quiet_environment(),
         "PYTHONPATH": os.pathsep.join(p for p in paths if p),
         PARENT_PID_VARIABLE: str(os.getpid()),
     }
+    if cpu:
+        environment[WORKER_START_VARIABLE] = os.environ.get(WORKER_START_VARIABLE) or "fork"
+    return environment
 
 
 def boot(quiet_module: Any) -> None:
@@ -99,6 +114,8 @@ def boot(quiet_module: Any) -> None:
     watch_parent(grace=quiet_module.shutdown_timeout())
     _after_import(_SHM_BROADCAST, release_names_when_attached)
     exit_without_finalization()
+    if os.environ.get(WORKER_START_VARIABLE) == "fork":
+        fork_workers(grace=quiet_module.shutdown_timeout())
 
 
 def exit_without_finalization() -> None:
@@ -135,16 +152,90 @@ def exit_without_finalization() -> None:
         return exit_code[-1]
 
     def exit_now() -> None:
-        if not exit_code:  # the child's main did not return: the interpreter's exit as usual
-            return
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        with contextlib.suppress(Exception):
-            ctypes.CDLL(None).exit(exit_code[-1])
+        if exit_code:  # else the child's main did not return: the interpreter's exit as usual
+            _exit_through_the_c_library(exit_code[-1])
 
     spawn._main = _main  # type: ignore[attr-defined]
     atexit.register(exit_now)
+
+
+def _exit_through_the_c_library(code: int, *, otherwise: Any = None) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).exit(code)
+    if otherwise is not None:
+        otherwise(code)
+
+
+def fork_workers(grace: float) -> None:
+    """In a spawned engine core, start vLLM's workers by forking this process, each bound to its
+    CPUs as vLLM binds a spawned one.
+
+    vLLM forks its workers from the engine core on GPUs. Its CPU platform forces ``spawn``
+    (``CpuPlatform.check_and_update_config``) because it binds a worker's OpenMP threads
+    through the environment it spawns the worker with (``OMPProcessManager.configure_omp_envs``:
+    ``OMP_NUM_THREADS`` and ``OMP_PLACES``, ``KMP_AFFINITY`` or ``GOMP_CPU_AFFINITY``), which
+    OpenMP reads once, when torch loads it. A spawned worker is a new interpreter importing
+    torch, transformers and vLLM again: more than half of an engine's CPU time to start on a
+    2-core host (docs/performance.md). A forked worker has them already and applies the same
+    binding itself: its thread count is set in this process just before the fork, as vLLM does
+    for forked workers (``set_multiprocessing_worker_envs``: a child inherits the count, and
+    setting it in a forked child can deadlock OpenMP), and the CPUs become the child's affinity
+    before it starts a thread (every thread it starts inherits it). The child then watches this
+    process as a spawned one would (:func:`watch_parent`) and ends through the C library's
+    ``exit`` (:func:`exit_without_finalization`) instead of the ``os._exit`` that
+    multiprocessing's fork ends a child with, which skips C++ destructors (vLLM's CPU
+    communicator unlinks its ``/dev/shm`` segments in one).
+    """
+    if _SPAWNED_FLAG not in sys.argv:
+        return
+    from multiprocessing import util
+
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"  # read by vLLM's get_mp_context
+    os.register_at_fork(before=_size_the_childs_threads)
+    _forked_worker.grace = grace
+    util.register_after_fork(_forked_worker, _bind_the_forked_worker)
+
+
+class _ForkedWorker:
+    grace = 0.0
+
+
+_forked_worker = _ForkedWorker()  # multiprocessing keeps after-fork hooks by a weak reference
+
+
+def cpus_to_bind(environment: Mapping[str, str]) -> set[int] | None:
+    """The CPUs vLLM binds a worker's OpenMP threads to through ``environment``, or None."""
+    affinity = environment.get("KMP_AFFINITY", "")
+    if "proclist=[" in affinity:
+        places = affinity.split("proclist=[", 1)[1].split("]", 1)[0]
+    else:
+        places = environment.get("OMP_PLACES") or environment.get("GOMP_CPU_AFFINITY") or ""
+    cpus: set[int] = set()
+    for part in places.replace("{", " ").replace("}", " ").replace(",", " ").split():
+        first, _, last = part.partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            return None  # a form vLLM does not write: leave the binding to OpenMP
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus or None
+
+
+def _size_the_childs_threads() -> None:
+    torch = sys.modules.get("torch")
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) != torch.get_num_threads():
+        torch.set_num_threads(int(threads))
+
+
+def _bind_the_forked_worker(worker: _ForkedWorker) -> None:
+    cpus = cpus_to_bind(os.environ)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    # multiprocessing's fork ends the child with os._exit once the worker's main has returned
+    os._exit = functools.partial(_exit_through_the_c_library, otherwise=os._exit)
+    watch_parent(grace=worker.grace)
 
 
 def watch_parent(grace: float) -> None:

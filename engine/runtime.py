@@ -281,5 +281,6 @@ async def _build(
     _vllm.check_engine_kwargs(model, vllm_kwargs)
     # Measured before anything is spawned: a request for more memory than is free fails here.
     defaults = _vllm_platform.decide_engine_kwargs(model, vllm_kwargs, planned, running)
-    environment = {**_vllm_boot.engine_environment(), **defaults.environment}
+    cpu = defaults.facts is not None and defaults.facts.is_cpu
+    environment = {**_vllm_boot.engine_environment(cpu=cpu), **defaults.environment}
     return _vllm.start_engine(model, defaults.kwargs, stats, environment), defaults

@@ -1,7 +1,8 @@
 """A pytest plugin that counts the vLLM engines a test run starts, in this process or in any
 process a test spawns, and names the test that was running when each one appeared.
 
-vLLM names its engine-core process ``VLLM::EngineCore`` (``setproctitle``); a background thread
+vLLM names its engine-core process ``VLLM::EngineCore`` (``setproctitle``; a worker the engine
+core forks bears that title until it sets its own, and is not counted); a background thread
 lists ``/proc`` twice a second (an engine lives for seconds at the very least) and remembers
 each engine-core pid it has seen that descends from this run (another run's engines on the same
 machine are not counted). It only reads: it never signals a process. The summary
@@ -56,7 +57,15 @@ def _engine_cores() -> set[int]:
                     found.add(int(name))
         except OSError:
             continue
-    return found
+    # A worker an engine core forks bears its title until it sets its own (engine/_vllm_boot.py).
+    return {pid for pid in found if _parent_or_none(pid) not in found}
+
+
+def _parent_or_none(pid: int) -> int | None:
+    try:
+        return _parent(pid)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class EngineStarts:

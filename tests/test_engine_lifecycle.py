@@ -5,8 +5,10 @@ engines of their own: ``tests/parallel/test_own_engines.py`` (``make test-parall
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -92,6 +94,33 @@ def test_a_running_engine_s_shared_memory_has_no_name_left_to_outlive_it(scripte
     # The engine core's broadcast to its worker and the worker's answers, at least.
     assert len(names) >= 2 and len(mapped) >= 2, mapped
     assert all(name.endswith(" (deleted)") for name in names), mapped
+
+
+def test_a_cpu_engine_s_worker_is_forked_and_bound_as_vllm_binds_a_spawned_one(scripted):
+    """On a CPU the engine core forks its worker instead of spawning a new interpreter that
+    imports torch and vLLM again (engine/_vllm_boot.py ``fork_workers``): the worker runs no
+    program of its own (its ``/proc/<pid>/environ``, the environment it was executed with, is
+    its engine core's; a spawned worker's holds the OpenMP binding vLLM spawns it with), and
+    each of its threads runs on the CPUs vLLM's own binding gives the first rank."""
+    import psutil
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    engine = scripted("llama3").engine.start()
+    expected = set(OMPProcessManager(engine.runtime.llm.vllm_config).cpu_lists[0])
+    def named(process: psutil.Process, title: str) -> bool:
+        return " ".join(process.cmdline()).startswith(title)  # vLLM's process titles
+
+    workers = {}
+    for core in psutil.Process().children(recursive=True):
+        if named(core, "VLLM::EngineCore"):
+            workers.update({w: core for w in core.children() if named(w, "VLLM::Worker")})
+    assert workers, "no engine core with a worker under this process"
+    for worker, core in workers.items():
+        assert Path(f"/proc/{worker.pid}/environ").read_bytes() == (
+            Path(f"/proc/{core.pid}/environ").read_bytes()
+        ), f"worker {worker.pid} was spawned, not forked"
+        for thread in Path(f"/proc/{worker.pid}/task").iterdir():
+            assert os.sched_getaffinity(int(thread.name)) == expected, (worker.pid, thread.name)
 
 
 def test_start_engines_stops_what_it_started_when_one_fails_and_names_that_model(scripted):

@@ -155,3 +155,68 @@ def test_a_spawned_child_keeps_its_exit_code_and_hooks_but_skips_the_interpreter
     assert "RuntimeError: the child failed" in result.stderr
     assert (tmp_path / "hook").read_text() == "exit hook ran"
     assert not (tmp_path / "collected").exists(), "the interpreter's finalization ran"
+
+
+FORKING = textwrap.dedent(
+    """
+    import multiprocessing, os, sys
+
+    def worker(path):
+        # What a forked worker sees, before its own code changes anything.
+        with open(path, "w") as f:
+            f.write(f"{sorted(os.sched_getaffinity(0))} {os.environ['VLLM_WORKER_MULTIPROC_METHOD']}")
+        sys.exit(4)
+
+    def engine_core(path):
+        # As vLLM's executor starts a worker: its binding in the environment while it starts.
+        os.environ.update(OMP_NUM_THREADS="1", OMP_PLACES="{0}", OMP_PROC_BIND="true")
+        context = multiprocessing.get_context(os.environ["VLLM_WORKER_MULTIPROC_METHOD"])
+        process = context.Process(target=worker, args=(path,))
+        process.start()
+        process.join(60)
+        print(context.get_start_method(), process.exitcode, flush=True)
+
+    if __name__ == "__main__":
+        from vllm_inline.engine import _vllm_boot
+
+        os.environ.update(_vllm_boot.engine_environment(cpu=True))
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # as vLLM's CPU platform sets it
+        os.environ[_vllm_boot.WORKER_START_VARIABLE] = sys.argv[2]
+        process = multiprocessing.get_context("spawn").Process(target=engine_core, args=(sys.argv[1],))
+        process.start()
+        process.join(120)
+    """
+)
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_an_engine_core_forks_its_workers_bound_as_vllm_binds_spawned_ones(
+    tmp_path: Path, start: str
+) -> None:
+    """With ``VLLMINLINE_WORKER_START=fork`` (the default on a CPU) a spawned engine process
+    forks the processes vLLM starts through ``VLLM_WORKER_MULTIPROC_METHOD``, and a forked child
+    takes the CPUs vLLM's OpenMP variables name as its affinity (a spawned one gets them from
+    OpenMP as it loads) and keeps its exit code; with ``spawn`` vLLM's own way is left alone.
+    On a real engine: test_engine_lifecycle.py."""
+    script, seen = tmp_path / "parent.py", tmp_path / "worker"
+    script.write_text(FORKING)
+    result = subprocess.run(
+        [sys.executable, str(script), str(seen), start], capture_output=True, text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{start} 4\n"
+    if start == "fork":
+        assert seen.read_text() == "[0] fork"
+    else:
+        assert seen.read_text() == f"{sorted(os.sched_getaffinity(0))} spawn"
+
+
+def test_the_cpus_a_worker_is_bound_to_are_read_as_vllm_writes_them() -> None:
+    """``OMPProcessManager.configure_omp_envs`` (vLLM 0.30-0.33) writes one of three forms."""
+    cpus = _vllm_boot.cpus_to_bind
+    assert cpus({"OMP_PLACES": "{0,1,2}", "OMP_PROC_BIND": "true"}) == {0, 1, 2}
+    assert cpus({"KMP_AFFINITY": "granularity=fine,explicit,proclist=[4,5]"}) == {4, 5}
+    assert cpus({"GOMP_CPU_AFFINITY": "2 3"}) == {2, 3}
+    assert cpus({"OMP_PLACES": "{0-3}"}) == {0, 1, 2, 3}
+    assert cpus({}) is None and cpus({"OMP_PLACES": "cores"}) is None

@@ -77,6 +77,10 @@ CONTRACT: tuple[Use, ...] = (
     _u("vllm.distributed.device_communicators.shm_broadcast", "ShmRingBuffer", members=(
         "is_creator", "shared_memory",
     )),
+    # ... and the variable a CPU engine core forks its workers through, and the manager whose
+    # OpenMP variables (OMP_PLACES, KMP_AFFINITY, GOMP_CPU_AFFINITY) a forked worker applies
+    _u("vllm.envs", "VLLM_WORKER_MULTIPROC_METHOD"),
+    _u("vllm.utils.ompmultiprocessing", "OMPProcessManager", members=("configure_omp_envs",)),
     _u("vllm.exceptions", "VLLMValidationError", members=("parameter", "value")),
     _u("vllm.lora.request", "LoRARequest"),
     _u("vllm.platforms", "current_platform"),
