@@ -7,7 +7,9 @@ reload, a normal exit after ``multiprocessing.get_logger()`` (which puts multipr
 hook, joining the engine cores, ahead of the package's: that exit used to wait forever); and an
 app on a data-parallel engine (a DP coordinator, two engine cores) is SIGKILLed.
 Within 10 s every process it spawned (engine cores, workers, the coordinator,
-multiprocessing's resource tracker) is gone and no ``/dev/shm`` entry it created remains.
+multiprocessing's resource tracker) is gone and no ``/dev/shm`` entry it created remains (with
+forked workers, the default on a CPU, only tensor-parallel ranks create named ones; the
+spawned-workers case shows the others).
 Each case prints how long that took (``pytest -s``).
 """
 
@@ -68,17 +70,29 @@ APP = textwrap.dedent(
 )
 
 
+NO_NAMED_SHM = "the engine's processes hold nothing with a name in /dev/shm"
+"""What a forked worker leaves named in ``/dev/shm`` while its engine runs: nothing. The ring
+buffers between the engine's processes lose their names once attached (engine/_vllm_boot.py)
+and the lock an engine core shares with a forked worker is a semaphore multiprocessing unlinks
+at once (a spawned worker's keeps its name until it is released; tensor-parallel ranks share
+vLLM's CPU communicator's named segments)."""
+
+
 def app_dies_leaving_nothing(
-    started: Started, tmp_path: Path, s: ScriptedModel, embedder: str, how: str, processes: int
+    started: Started, tmp_path: Path, s: ScriptedModel, embedder: str, how: str, processes: int,
+    *, workers: str = "fork", named_shm: bool = False,
 ) -> None:
-    """Start :data:`APP` (``embedder`` "" for none), wait for its answer, stop it ``how``, and
-    assert its ``processes`` or more and its shared memory are gone within :data:`BOUND`."""
+    """Start :data:`APP` (``embedder`` "" for none; its engine cores start their workers by
+    ``workers``), wait for its answer, stop it ``how``, and assert its ``processes`` or more and
+    its shared memory (``named_shm``: some with a name, else none) are gone within
+    :data:`BOUND`."""
     script, log = tmp_path / "app.py", tmp_path / "app.log"
     script.write_text(APP)
     with open(log, "w") as out:
         child = subprocess.Popen(
             [sys.executable, str(script), s.path, embedder, json.dumps(s.engine_kwargs), how],
             stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+            env={**os.environ, "VLLMINLINE_WORKER_START": workers},
         )  # fmt: skip
     started.track(child.pid)
 
@@ -91,9 +105,7 @@ def app_dies_leaving_nothing(
     answer, size = json.loads(log.read_text().split("READY", 1)[1].splitlines()[0])
     assert answer == s.scenario.answer and (size is None or size > 0)
     assert len(app.processes) >= processes, app.processes
-    # Their ring buffers have no name left there (engine/_vllm_boot.py); the semaphore the
-    # engine core shares with its workers has one until it is released.
-    assert app.shm, "the engines' semaphores were expected in /dev/shm"
+    assert bool(app.shm) == named_shm, app.shm if app.shm else NO_NAMED_SHM
     if how == "SIGTERM":
         child.send_signal(signal.SIGTERM)
     elif how == "SIGKILL":
@@ -102,13 +114,23 @@ def app_dies_leaving_nothing(
     app.assert_gone(BOUND, f"{how} of the app")
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL", "os._exit", "exit"])
+@pytest.mark.parametrize(
+    ("how", "workers"),
+    [("SIGTERM", "fork"), ("SIGKILL", "fork"), ("os._exit", "fork"), ("exit", "fork"),
+     ("SIGKILL", "spawn")],
+    ids=["SIGTERM", "SIGKILL", "os._exit", "exit", "SIGKILL-spawned-workers"],
+)
 def test_an_app_with_two_engines_leaves_nothing_behind(
-    scripted, scripted_root: Path, tmp_path: Path, started: Started, how: str
+    scripted, scripted_root: Path, tmp_path: Path, started: Started, how: str, workers: str
 ) -> None:
+    """Also with workers spawned as vLLM spawns them on a CPU (``VLLMINLINE_WORKER_START=spawn``),
+    whose semaphores have names in /dev/shm until they are released."""
     embedder = str(build_embedding_model(scripted_root))
     # The app, 2 engine cores, 2 workers (+ multiprocessing's resource tracker).
-    app_dies_leaving_nothing(started, tmp_path, scripted("llama3"), embedder, how, processes=5)
+    app_dies_leaving_nothing(
+        started, tmp_path, scripted("llama3"), embedder, how, processes=5, workers=workers,
+        named_shm=workers == "spawn",
+    )
 
 
 @pytest.mark.parametrize(
@@ -125,7 +147,10 @@ def test_a_killed_app_on_a_parallel_engine_leaves_nothing_behind(
     scripted, tmp_path: Path, started: Started, layout: dict[str, int], processes: int
 ) -> None:
     s = with_layout(scripted("llama3"), **layout)
-    app_dies_leaving_nothing(started, tmp_path, s, "", "SIGKILL", processes=processes)
+    named = layout.get("tensor_parallel_size", 1) > 1  # vLLM's CPU communicator's segments
+    app_dies_leaving_nothing(
+        started, tmp_path, s, "", "SIGKILL", processes=processes, named_shm=named
+    )
 
 
 KERNEL_CODE = """
@@ -178,7 +203,7 @@ def test_a_jupyter_kernel_restart_leaves_nothing_behind(
             assert answer == s.scenario.answer
             kernel = started.footprint(km.provisioner.pid)
             assert len(kernel.processes) >= 3, kernel.processes  # kernel, engine core, worker
-            assert kernel.shm, "the engine's shared memory was expected in /dev/shm"
+            assert not kernel.shm, kernel.shm
 
             restarted = time.monotonic()
             km.restart_kernel(now=now)
@@ -253,7 +278,7 @@ def test_a_uvicorn_reload_leaves_nothing_of_the_old_worker(
     assert ask(port, reloader, log) == s.scenario.answer
     old = started.footprint(worker_of(reloader.pid))
     assert len(old.processes) >= 3, old.processes  # the server, engine core, worker
-    assert old.shm, "the engine's shared memory was expected in /dev/shm"
+    assert not old.shm, old.shm  # NO_NAMED_SHM
 
     edited = time.monotonic()
     with open(source, "a") as f:
