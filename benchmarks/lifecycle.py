@@ -4,7 +4,9 @@ one after another against all at once.
     python benchmarks/lifecycle.py [--rounds 2]
 
 1. **One start, phase by phase** (a child process each round, so vLLM is imported afresh),
-   with the worker spawned (vLLM's way on a CPU) and forked (vllm-inline's, the default):
+   with the engine's processes spawned (vLLM's way) and forked (vllm-inline's on a CPU, the
+   default: ``VLLMINLINE_PROCESS_START``), the ways alternating; then the same start as a
+   script runs it, from the interpreter's start to the first answer (vLLM imported on the way):
    the import of vLLM in this process, then vLLM's own start-up read off its DEBUG log lines
    (stamped to the millisecond through ``VLLM_LOGGING_CONFIG_PATH``): engine configuration here, the engine core's process spawn and imports,
    the worker's spawn and imports, weights, KV cache and warm-up, then what vllm-inline does
@@ -47,6 +49,24 @@ PHASES = textwrap.dedent(
         engine.shutdown()
         t3 = time.time()
         print("TIMES", json.dumps({"import": imported, "start_at": t1, "up_at": t2, "down_at": t3}))
+    """
+)
+
+COLD = textwrap.dedent(
+    """
+    import time
+    t0 = time.perf_counter()
+    import json
+    from vllm_inline.engine import get_engine
+    from vllm_inline.testing import scripted_model
+
+    if __name__ == "__main__":
+        s = scripted_model("llama3")
+        engine = get_engine(s.path, **s.engine_kwargs)
+        answer = "".join(d.text or "" for d in engine.stream([{"role": "user", "content": "Hi"}]))
+        first = time.perf_counter() - t0
+        engine.shutdown()
+        print("TIMES", json.dumps({"first_answer": first}))
     """
 )
 
@@ -134,7 +154,7 @@ def phases(times: dict, log: str) -> dict[str, float]:
 
 def one_start(rounds: int, starts: list[str]) -> None:
     print("1. One engine start, phase by phase (medians, then each round), per way the engine")
-    print("   core starts its worker (VLLMINLINE_WORKER_START: vLLM's spawn, or the fork")
+    print("   core starts its worker (VLLMINLINE_PROCESS_START: vLLM's spawn, or the fork")
     print("   vllm-inline makes on a CPU), the ways alternating round by round")
     config = os.path.join(tempfile.mkdtemp(prefix="lifecycle-"), "logging.json")
     with open(config, "w") as f:
@@ -144,13 +164,13 @@ def one_start(rounds: int, starts: list[str]) -> None:
         for start in starts:
             times, log = _child(PHASES, env={
                 "VLLM_LOGGING_LEVEL": "DEBUG", "VLLM_LOGGING_CONFIG_PATH": config,
-                "VLLMINLINE_WORKER_START": start,
+                "VLLMINLINE_PROCESS_START": start,
             })
             for name, seconds in phases(times, log).items():
                 rows[start].setdefault(name, []).append(seconds)
     totals = {}
     for start, phase_rows in rows.items():
-        print(f"  worker started by {start}:")
+        print(f"  engine processes started by {start}:")
         for name, values in phase_rows.items():
             print(f"    {name:53s} {statistics.median(values):6.1f} s  {[round(v, 1) for v in values]}")
         skip = ("shutdown", "import vLLM (this process)")
@@ -158,6 +178,14 @@ def one_start(rounds: int, starts: list[str]) -> None:
         print(f"    {'start (engine.start())':53s} {totals[start]:6.1f} s")
     if "spawn" in totals and "fork" in totals:
         print(f"  start, fork / spawn: {totals['fork'] / totals['spawn']:.2f}x")
+    cold: dict[str, list[float]] = {start: [] for start in starts}
+    for _ in range(rounds):
+        for start in starts:
+            times, _ = _child(COLD, env={"VLLMINLINE_PROCESS_START": start})
+            cold[start].append(times["first_answer"])
+    print("  a script's first answer, from its interpreter's start (medians, then each round):")
+    for start, values in cold.items():
+        print(f"    {start:6s} {statistics.median(values):6.1f} s  {[round(v, 1) for v in values]}")
 
 
 def three_engines(rounds: int) -> None:
@@ -180,11 +208,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--only", choices=("phases", "together"), default=None)
-    parser.add_argument("--worker-start", default="spawn,fork",
+    parser.add_argument("--process-start", default="spawn,fork",
                         help="the ways to time the start with, comma-separated (spawn, fork)")
     args = parser.parse_args()
     if args.only != "together":
-        one_start(args.rounds, args.worker_start.split(","))
+        one_start(args.rounds, args.process_start.split(","))
     if args.only != "phases":
         three_engines(args.rounds)
 

@@ -31,7 +31,7 @@ from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.utils.gc_utils import freeze_gc_heap
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from ._vllm_platform import remote_peer_deadline, spawn_environment
+from ._vllm_processes import engine_cores_forked, remote_peer_deadline, spawn_environment
 from .errors import (
     BadRequestError,
     ContextLengthExceededError,
@@ -84,9 +84,8 @@ def start_engine(
 ) -> AsyncLLM:
     """Build ``AsyncLLM`` (blocking, ~20 s on a CPU); call it on the engine's loop thread.
 
-    ``environment`` is set while vLLM spawns its processes (see :func:`.spawn_environment`);
-    a head of multi-node data parallel waits for its remote engine cores for a bounded time
-    (:func:`.remote_peer_deadline`).
+    ``environment`` is set while vLLM starts its processes, on a CPU from a fork server
+    (:mod:`._vllm_processes`, as the bounded wait of a multi-node data-parallel head).
     vLLM's stats reach ``stats`` and the shared Prometheus registry after every step (see
     :mod:`._vllm_stats`). vLLM's periodic stats log line is off unless the caller sets
     ``disable_log_stats=False``: in a library, a line every few seconds is noise. When
@@ -112,7 +111,8 @@ def start_engine(
             options["max_cpu_loras"] = int(options["max_cpu_loras"]) + 1
     disable_envs_cache()  # this engine reads the environment as it is now (see below)
     args = AsyncEngineArgs(model=model, **options)
-    with spawn_environment(environment or {}), remote_peer_deadline(options):
+    forked, remote = engine_cores_forked(), remote_peer_deadline(options)
+    with spawn_environment(environment or {}), forked, remote:
         llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
     if str(llm.model_config.runner_type) == "pooling":
         # Its first embedding or score call would otherwise import vLLM's pooling entry points

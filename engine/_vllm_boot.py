@@ -1,5 +1,5 @@
-"""What vLLM's engine processes run first: the quiet filters, and a watch that ends the process
-when the process that started it ends.
+"""What vLLM's engine processes run first: the quiet filters, a watch that ends the process when
+the process that started it ends, and on a CPU the workers forked.
 
 vLLM spawns its engine core (and, from there, its workers) as new interpreters; nothing of
 this process reaches them but the environment. :func:`engine_environment` puts a directory
@@ -12,14 +12,12 @@ standard library and name vLLM only in strings.
 engine core watches nothing (vLLM issues 55510, 34643, 19849): when the app is killed (SIGTERM
 with Python's default handler, SIGKILL, the OOM killer, ``os._exit``, a notebook kernel
 restart) the engine core and its workers lived on, holding their memory and their shared-memory
-segments. :func:`watch_parent` waits on a pidfd of the parent (the kernel wakes the thread when
-the parent exits; no polling), then sends the process SIGTERM, on which vLLM's engine core runs
-its own shutdown: its workers exit and its shared memory and semaphores are released (SIGKILL
-follows if it is still there after the time that shutdown is given). In a worker the watch
-duplicates vLLM's death pipe, which is harmless. Each engine process leads a process group of
-its own, so a signal to the app's whole group (SIGKILL on a notebook kernel's group, Ray
-killing a replica's group) reaches the app alone and the engine stops as above, releasing its
-shared memory, instead of dying with it, shared memory left behind.
+segments. :func:`watch_parent` waits on a pidfd of the parent (no polling), then sends the
+process SIGTERM, on which vLLM's engine core runs its own shutdown: its workers exit and its
+shared memory is released (SIGKILL follows after the time that shutdown is given). Each engine
+process leads a process group of its own, so a signal to the app's whole group (a notebook
+kernel's forced restart, Ray killing a replica's group) reaches the app alone and the engine
+stops as above instead of dying with it, shared memory left behind.
 
 **Shared memory with no name left behind.** vLLM's engine core broadcasts to its workers, and
 each worker answers, through ring buffers in ``/dev/shm`` that the writer creates and only its
@@ -30,7 +28,8 @@ each stays in ``/dev/shm``, holding its memory, until the machine restarts.
 (``wait_until_ready``), the way Ray's object store does its own: the mappings work on, and the
 kernel frees the memory when the last process holding it ends, however it ends.
 
-**Workers forked, not spawned, on a CPU.** See :func:`fork_workers`.
+**Forked, not spawned, on a CPU:** workers (:func:`fork_workers`) and engine cores
+(:func:`boot_forked`, ``._vllm_processes``).
 """
 
 from __future__ import annotations
@@ -54,8 +53,9 @@ from typing import Any
 
 __all__ = [
     "PARENT_PID_VARIABLE",
-    "WORKER_START_VARIABLE",
+    "PROCESS_START_VARIABLE",
     "boot",
+    "boot_forked",
     "cpus_to_bind",
     "engine_environment",
     "exit_without_finalization",
@@ -68,9 +68,10 @@ PARENT_PID_VARIABLE = "VLLMINLINE_PARENT_PID"
 """The pid of the process that spawned this one, as that process saw itself: a child that
 finds another parent was orphaned before its watch began, and stops at once."""
 
-WORKER_START_VARIABLE = "VLLMINLINE_WORKER_START"
-"""How an engine core on a CPU starts vLLM's workers: ``fork`` (the default, see
-:func:`fork_workers`) or ``spawn`` (vLLM's own way on a CPU: set it in the environment)."""
+PROCESS_START_VARIABLE = "VLLMINLINE_PROCESS_START"
+"""How an engine's processes start on a CPU: ``fork`` (the default: engine cores from a fork
+server, ``._vllm_forkserver``, and workers from their engine core, :func:`fork_workers`) or
+``spawn`` (vLLM's own way: set it in the environment)."""
 
 _SPAWNED_FLAG = "--multiprocessing-fork"  # multiprocessing's spawn puts it on a child's argv
 _RESOURCE_TRACKER = "from multiprocessing.resource_tracker import main"  # the tracker's -c code
@@ -81,10 +82,9 @@ _boot_dir: str | None = None
 
 
 def engine_environment(*, cpu: bool = False) -> dict[str, str]:
-    """Environment variables for the engine's processes: the boot directory on
-    ``PYTHONPATH``, this process's pid, and vLLM's quiet levels (see :mod:`._vllm_quiet`);
-    on vLLM's CPU platform (``cpu``) how the engine core starts its workers, ``fork`` unless
-    :data:`WORKER_START_VARIABLE` says otherwise."""
+    """Environment variables for the engine's processes: the boot directory on ``PYTHONPATH``,
+    this process's pid, vLLM's quiet levels (:mod:`._vllm_quiet`) and, on vLLM's CPU platform
+    (``cpu``), :data:`PROCESS_START_VARIABLE` (``fork`` unless the user set it)."""
     from . import _vllm_quiet
 
     boot = _boot_directory()
@@ -96,7 +96,7 @@ def engine_environment(*, cpu: bool = False) -> dict[str, str]:
         PARENT_PID_VARIABLE: str(os.getpid()),
     }
     if cpu:
-        environment[WORKER_START_VARIABLE] = os.environ.get(WORKER_START_VARIABLE) or "fork"
+        environment[PROCESS_START_VARIABLE] = os.environ.get(PROCESS_START_VARIABLE) or "fork"
     return environment
 
 
@@ -114,7 +114,7 @@ def boot(quiet_module: Any) -> None:
     watch_parent(grace=quiet_module.shutdown_timeout())
     _after_import(_SHM_BROADCAST, release_names_when_attached)
     exit_without_finalization()
-    if os.environ.get(WORKER_START_VARIABLE) == "fork":
+    if _SPAWNED_FLAG in sys.argv and os.environ.get(PROCESS_START_VARIABLE) == "fork":
         fork_workers(grace=quiet_module.shutdown_timeout())
 
 
@@ -130,12 +130,10 @@ def exit_without_finalization() -> None:
     way on ROCm (a ``gc.freeze()`` before the exit, ``EngineCoreProc.run_engine_core``); here a
     frozen heap would leave triton's nanobind objects uncollected, which nanobind reports as
     leaks on stderr. The C library's ``exit`` still runs the C++ destructors and C exit
-    handlers (vLLM's CPU shared-memory communicator unlinks its ``/dev/shm`` segments in one)
-    and flushes C's buffered output. The hook is registered before vLLM is imported, so it runs
-    after every other exit hook (vLLM's teardown, torch's, weakref and multiprocessing
-    finalizers). The exit code is the one multiprocessing's ``spawn._main`` returns (the
-    stdlib's, unchanged since Python 3.8); without it the process exits as before. Only in
-    processes started by multiprocessing's spawn, as :func:`watch_parent`.
+    handlers (vLLM's CPU communicator unlinks its ``/dev/shm`` segments in one). Registered
+    before vLLM is imported, the hook runs after every other exit hook. The exit code is the
+    one multiprocessing's ``spawn._main`` returns (unchanged since Python 3.8); without it the
+    process exits as before. Only in processes started by multiprocessing's spawn.
     """
     if _SPAWNED_FLAG not in sys.argv:
         return
@@ -170,27 +168,20 @@ def _exit_through_the_c_library(code: int, *, otherwise: Any = None) -> None:
 
 
 def fork_workers(grace: float) -> None:
-    """In a spawned engine core, start vLLM's workers by forking this process, each bound to its
-    CPUs as vLLM binds a spawned one.
+    """In an engine core, start vLLM's workers by forking it, bound as vLLM binds spawned ones.
 
-    vLLM forks its workers from the engine core on GPUs. Its CPU platform forces ``spawn``
-    (``CpuPlatform.check_and_update_config``) because it binds a worker's OpenMP threads
-    through the environment it spawns the worker with (``OMPProcessManager.configure_omp_envs``:
-    ``OMP_NUM_THREADS`` and ``OMP_PLACES``, ``KMP_AFFINITY`` or ``GOMP_CPU_AFFINITY``), which
-    OpenMP reads once, when torch loads it. A spawned worker is a new interpreter importing
-    torch, transformers and vLLM again: more than half of an engine's CPU time to start on a
-    2-core host (docs/performance.md). A forked worker has them already and applies the same
-    binding itself: its thread count is set in this process just before the fork, as vLLM does
-    for forked workers (``set_multiprocessing_worker_envs``: a child inherits the count, and
-    setting it in a forked child can deadlock OpenMP), and the CPUs become the child's affinity
-    before it starts a thread (every thread it starts inherits it). The child then watches this
-    process as a spawned one would (:func:`watch_parent`) and ends through the C library's
-    ``exit`` (:func:`exit_without_finalization`) instead of the ``os._exit`` that
-    multiprocessing's fork ends a child with, which skips C++ destructors (vLLM's CPU
-    communicator unlinks its ``/dev/shm`` segments in one).
+    vLLM forks its workers on GPUs; its CPU platform forces ``spawn`` because it binds a
+    worker's OpenMP threads through the environment it spawns the worker with
+    (``OMPProcessManager.configure_omp_envs``: ``OMP_NUM_THREADS``, and ``OMP_PLACES``,
+    ``KMP_AFFINITY`` or ``GOMP_CPU_AFFINITY``), which OpenMP reads when torch loads it. A spawned
+    worker imports torch, transformers and vLLM again (docs/performance.md); a forked one has
+    them and applies the binding itself: the thread count is set here just before the fork, as
+    vLLM does for forked workers (``set_multiprocessing_worker_envs``; setting it in a forked
+    child can deadlock OpenMP), and the CPUs become the child's affinity before it starts a
+    thread. The child watches this process and ends through the C library's ``exit``, not the
+    ``os._exit`` of multiprocessing's fork, which skips C++ destructors (vLLM's CPU communicator
+    unlinks its ``/dev/shm`` segments in one).
     """
-    if _SPAWNED_FLAG not in sys.argv:
-        return
     from multiprocessing import util
 
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"  # read by vLLM's get_mp_context
@@ -199,11 +190,11 @@ def fork_workers(grace: float) -> None:
     util.register_after_fork(_forked_worker, _bind_the_forked_worker)
 
 
-class _ForkedWorker:
+class _ForkedWorker:  # multiprocessing keeps an after-fork hook's object by a weak reference
     grace = 0.0
 
 
-_forked_worker = _ForkedWorker()  # multiprocessing keeps after-fork hooks by a weak reference
+_forked_worker = _ForkedWorker()
 
 
 def cpus_to_bind(environment: Mapping[str, str]) -> set[int] | None:
@@ -235,7 +226,7 @@ def _bind_the_forked_worker(worker: _ForkedWorker) -> None:
         os.sched_setaffinity(0, cpus)
     # multiprocessing's fork ends the child with os._exit once the worker's main has returned
     os._exit = functools.partial(_exit_through_the_c_library, otherwise=os._exit)
-    watch_parent(grace=worker.grace)
+    _watch_parent_pid(worker.grace)
 
 
 def watch_parent(grace: float) -> None:
@@ -245,28 +236,38 @@ def watch_parent(grace: float) -> None:
     workers; any other process that inherits the environment (multiprocessing's resource
     tracker, which must outlive everyone to release what they leaked) is left alone.
     """
-    if _SPAWNED_FLAG not in sys.argv:
-        return
+    if _SPAWNED_FLAG in sys.argv:
+        _watch_parent_pid(grace)
+
+
+def _watch_parent_pid(grace: float) -> None:
     expected = os.environ.get(PARENT_PID_VARIABLE, "")
     os.environ[PARENT_PID_VARIABLE] = str(os.getpid())  # for this process's own children
     parent = os.getppid()
     orphaned = expected.isdigit() and int(expected) != parent  # the parent died meanwhile
+    _stop_when(None if orphaned else functools.partial(_wait_for_pid, parent), grace)
+
+
+def _wait_for_pid(parent: int) -> None:
+    try:
+        pidfd = os.pidfd_open(parent)  # Linux 5.3+
+    except (AttributeError, OSError):
+        while os.getppid() == parent:  # other systems: a cheap read once a second
+            time.sleep(1.0)
+    else:
+        select.select([pidfd], [], [])  # readable once the parent has exited
+        os.close(pidfd)
+
+
+def _stop_when(wait: Any, grace: float) -> None:
     threading.Thread(
-        target=_stop_after, args=(None if orphaned else parent, grace),
-        name="vllm-inline-parent-watch", daemon=True,
+        target=_stop_after, args=(wait, grace), name="vllm-inline-parent-watch", daemon=True
     ).start()
 
 
-def _stop_after(parent: int | None, grace: float) -> None:
-    if parent is not None:
-        try:
-            pidfd = os.pidfd_open(parent)  # Linux 5.3+
-        except (AttributeError, OSError):
-            while os.getppid() == parent:  # other systems: a cheap read once a second
-                time.sleep(1.0)
-        else:
-            select.select([pidfd], [], [])  # readable once the parent has exited
-            os.close(pidfd)
+def _stop_after(wait: Any, grace: float) -> None:
+    if wait is not None:
+        wait()
     # vLLM's engine core and workers turn SIGTERM into their own orderly shutdown. An engine
     # core still starting finishes its start first (vLLM applies a SIGTERM received then once
     # it is built); one that is not gone after the grace vLLM's own teardown takes is killed:
@@ -277,6 +278,20 @@ def _stop_after(parent: int | None, grace: float) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def boot_forked(app_sentinel: int | None, grace: float) -> None:
+    """What :func:`boot` does in a spawned engine core, in one forked from the fork server
+    (``._vllm_processes``): a process group of its own, its end once the pipe from the app
+    (``app_sentinel``; its parent is the fork server) closes, the C library's exit, and its
+    workers forked."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    os.environ[PARENT_PID_VARIABLE] = str(os.getpid())  # for this process's own children
+    if app_sentinel is not None:
+        _stop_when(functools.partial(select.select, [app_sentinel], [], []), grace)
+    os._exit = functools.partial(_exit_through_the_c_library, otherwise=os._exit)
+    if os.environ.get(PROCESS_START_VARIABLE) == "fork":
+        fork_workers(grace)
+
 
 def release_names_when_attached(shm_broadcast: Any) -> None:
     """Make every ``MessageQueue`` of vLLM's ``shm_broadcast`` module unlink the ``/dev/shm``
@@ -285,8 +300,7 @@ def release_names_when_attached(shm_broadcast: Any) -> None:
     A reader attaches in ``MessageQueue.create_from_handle`` before it subscribes, and the
     writer's ``wait_until_ready`` returns once every local reader has subscribed, so no one
     opens the name after that. ``unlink`` also takes the name off multiprocessing's resource
-    tracker, and the buffer then counts as not its creator's, so vLLM's own teardown does not
-    unlink it a second time.
+    tracker; the buffer then counts as not its creator's, so vLLM does not unlink it again.
     """
     queue = shm_broadcast.MessageQueue
     wait = queue.wait_until_ready

@@ -1,5 +1,4 @@
-"""vLLM's view of the machine: the facts the CPU defaults are chosen from, the environment the
-engine's processes are spawned with, and how long a start waits for engine cores on other nodes.
+"""vLLM's view of the machine: the facts the CPU defaults are chosen from.
 
 Imported only when an engine starts (it imports vLLM and torch). The choices themselves are made
 by the pure :func:`.platform_defaults.choose_engine_kwargs`.
@@ -7,21 +6,17 @@ by the pure :func:`.platform_defaults.choose_engine_kwargs`.
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
 import os
-import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from vllm import AsyncEngineArgs, envs
+from vllm import AsyncEngineArgs
 from vllm.platforms import current_platform
 
-from .errors import ParallelLayoutError
 from .memory_plan import check_alone_start
 from .platform_defaults import Choice, MachineFacts, PlatformDefaults, choose_engine_kwargs
 
-__all__ = ["decide_engine_kwargs", "measure_facts", "remote_peer_deadline", "spawn_environment"]
+__all__ = ["decide_engine_kwargs", "measure_facts"]
 
 
 def _cpu_flags() -> frozenset[str]:
@@ -161,96 +156,3 @@ def decide_engine_kwargs(
     if not planned:
         check_alone_start(model, kwargs, facts, running)
     return choose_engine_kwargs(kwargs, facts, planned)
-
-
-_environment = threading.Condition()
-_applied: dict[str, tuple[str, str | None, int]] = {}  # name -> (value, caller's value, users)
-
-
-@contextlib.contextmanager
-def spawn_environment(environment: Mapping[str, str]) -> Iterator[None]:
-    """Set ``environment`` while the engine spawns its processes (they inherit it), then put
-    the caller's environment back.
-
-    Engines that start at once and want the same values (one engine per process each: the
-    boot directory, vLLM's log level) share them, so their starts overlap; a start that needs
-    another value of a variable already set (a CPU binding per parallel rank) waits until the
-    starts using it are done. The caller's value returns when the last start using a variable
-    ends.
-    """
-    if not environment:
-        yield
-        return
-    with _environment:
-        _environment.wait_for(
-            lambda: all(_applied.get(k, (v,))[0] == v for k, v in environment.items())
-        )
-        for name, value in environment.items():
-            _, saved, users = _applied.get(name, (value, os.environ.get(name), 0))
-            _applied[name] = (value, saved, users + 1)
-            os.environ[name] = value
-    try:
-        yield
-    finally:
-        with _environment:
-            for name in environment:
-                value, saved, users = _applied[name]
-                if users > 1:
-                    _applied[name] = (value, saved, users - 1)
-                    continue
-                del _applied[name]
-                if saved is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = saved
-            _environment.notify_all()
-
-
-@contextlib.contextmanager
-def remote_peer_deadline(options: Mapping[str, Any]) -> Iterator[None]:
-    """Bound the wait for data-parallel engine cores on other nodes.
-
-    A head engine (``data_parallel_size_local`` < ``data_parallel_size``) starts only once every
-    headless engine core has connected to ``data_parallel_address``, and vLLM waits for them
-    without a deadline. After ``VLLM_ENGINE_READY_TIMEOUT_S`` (vLLM's own start deadline for
-    engine cores, 600 s by default) the processes this start spawned are killed, which ends
-    vLLM's wait, and the start fails with :class:`ParallelLayoutError`.
-    """
-    size = int(options.get("data_parallel_size") or 1)
-    local = options.get("data_parallel_size_local")
-    if local is None or int(local) >= size:
-        yield
-        return
-    timeout = float(envs.VLLM_ENGINE_READY_TIMEOUT_S)
-    before = set(multiprocessing.active_children())
-    expired = threading.Event()
-
-    def give_up() -> None:
-        expired.set()
-        for process in set(multiprocessing.active_children()) - before:
-            process.kill()
-
-    timer = threading.Timer(timeout, give_up)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    except Exception as e:
-        if not expired.is_set():
-            raise
-        address = f"{options.get('data_parallel_address')}:{options.get('data_parallel_rpc_port')}"
-        raise ParallelLayoutError(
-            f"data_parallel_size={size} with data_parallel_size_local={local}: the "
-            f"{size - int(local)} engine core(s) on other nodes did not connect to "
-            f"data_parallel_address={options.get('data_parallel_address')!r} "
-            f"(data_parallel_rpc_port={options.get('data_parallel_rpc_port')}) within "
-            f"{timeout:g} s. Start them with `vllm serve <model> --headless "
-            f"--data-parallel-size {size} --data-parallel-start-rank {local} "
-            f"--data-parallel-address ... --data-parallel-rpc-port ...` and the same engine "
-            "options, check that the address is reachable from them, or raise "
-            "VLLM_ENGINE_READY_TIMEOUT_S.",
-            option="data_parallel_address",
-            value=address,
-        ) from e
-    finally:
-        timer.cancel()

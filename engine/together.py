@@ -14,7 +14,7 @@ and at once less (on 2 cores, where the imports themselves queue: 0.83x for thre
 
 Threads, not processes: each :meth:`Engine.start <vllm_inline.engine.Engine.start>` blocks
 its thread on vLLM's start-up handshake, and starts that want the same environment for their
-processes overlap (``_vllm_platform.spawn_environment``).
+processes overlap (``_vllm_processes.spawn_environment``).
 """
 
 from __future__ import annotations

@@ -96,31 +96,39 @@ def test_a_running_engine_s_shared_memory_has_no_name_left_to_outlive_it(scripte
     assert all(name.endswith(" (deleted)") for name in names), mapped
 
 
-def test_a_cpu_engine_s_worker_is_forked_and_bound_as_vllm_binds_a_spawned_one(scripted):
-    """On a CPU the engine core forks its worker instead of spawning a new interpreter that
-    imports torch and vLLM again (engine/_vllm_boot.py ``fork_workers``): the worker runs no
-    program of its own (its ``/proc/<pid>/environ``, the environment it was executed with, is
-    its engine core's; a spawned worker's holds the OpenMP binding vLLM spawns it with), and
-    each of its threads runs on the CPUs vLLM's own binding gives the first rank."""
+def test_a_cpu_engine_s_processes_are_forked_and_its_worker_bound_as_vllm_binds_one(scripted):
+    """On a CPU neither of an engine's processes is a new interpreter importing torch and vLLM
+    again (engine/_vllm_processes.py, engine/_vllm_boot.py ``fork_workers``): the engine core is
+    forked from this process's fork server and the worker from its engine core. Neither runs a
+    program of its own: the C library is mapped where its parent has it (a new program gets an
+    address of its own: Linux randomises it). Each of the worker's threads runs on the CPUs
+    vLLM's own binding gives the first rank."""
     import psutil
     from vllm.utils.ompmultiprocessing import OMPProcessManager
 
     engine = scripted("llama3").engine.start()
     expected = set(OMPProcessManager(engine.runtime.llm.vllm_config).cpu_lists[0])
-    def named(process: psutil.Process, title: str) -> bool:
-        return " ".join(process.cmdline()).startswith(title)  # vLLM's process titles
 
-    workers = {}
-    for core in psutil.Process().children(recursive=True):
-        if named(core, "VLLM::EngineCore"):
-            workers.update({w: core for w in core.children() if named(w, "VLLM::Worker")})
-    assert workers, "no engine core with a worker under this process"
-    for worker, core in workers.items():
-        assert Path(f"/proc/{worker.pid}/environ").read_bytes() == (
-            Path(f"/proc/{core.pid}/environ").read_bytes()
-        ), f"worker {worker.pid} was spawned, not forked"
-        for thread in Path(f"/proc/{worker.pid}/task").iterdir():
-            assert os.sched_getaffinity(int(thread.name)) == expected, (worker.pid, thread.name)
+    def named(process: psutil.Process, title: str) -> bool:
+        return title in " ".join(process.cmdline())  # vLLM's titles; the server's command
+
+    def libc_at(process: psutil.Process) -> str:
+        maps = Path(f"/proc/{process.pid}/maps").read_text().splitlines()
+        return next(line.split("-")[0] for line in maps if "/libc.so" in line or "/libc-" in line)
+
+    assert Path("/proc/sys/kernel/randomize_va_space").read_text().strip() != "0"
+
+    servers = [p for p in psutil.Process().children() if named(p, "multiprocessing.forkserver")]
+    assert len(servers) == 1, servers
+    cores = [p for p in servers[0].children() if named(p, "VLLM::EngineCore")]
+    assert cores, "no engine core forked from the fork server"
+    for core in cores:
+        assert libc_at(core) == libc_at(servers[0]), f"engine core {core.pid} was spawned"
+        workers = [w for w in core.children() if named(w, "VLLM::Worker")]
+        assert len(workers) == 1, workers
+        assert libc_at(workers[0]) == libc_at(core), f"worker {workers[0].pid} was spawned"
+        for thread in Path(f"/proc/{workers[0].pid}/task").iterdir():
+            assert os.sched_getaffinity(int(thread.name)) == expected, (workers[0], thread.name)
 
 
 def test_start_engines_stops_what_it_started_when_one_fails_and_names_that_model(scripted):

@@ -80,6 +80,8 @@ CONTRACT: tuple[Use, ...] = (
     # ... and the variable a CPU engine core forks its workers through, and the manager whose
     # OpenMP variables (OMP_PLACES, KMP_AFFINITY, GOMP_CPU_AFFINITY) a forked worker applies
     _u("vllm.envs", "VLLM_WORKER_MULTIPROC_METHOD"),
+    # engine/_vllm_processes.py: the name vLLM's CoreEngineProcManager takes its context from
+    _u("vllm.v1.engine.utils", "get_mp_context"),
     _u("vllm.utils.ompmultiprocessing", "OMPProcessManager", members=("configure_omp_envs",)),
     _u("vllm.exceptions", "VLLMValidationError", members=("parameter", "value")),
     _u("vllm.lora.request", "LoRARequest"),

@@ -92,7 +92,7 @@ def app_dies_leaving_nothing(
         child = subprocess.Popen(
             [sys.executable, str(script), s.path, embedder, json.dumps(s.engine_kwargs), how],
             stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
-            env={**os.environ, "VLLMINLINE_WORKER_START": workers},
+            env={**os.environ, "VLLMINLINE_PROCESS_START": workers},
         )  # fmt: skip
     started.track(child.pid)
 
@@ -123,7 +123,7 @@ def app_dies_leaving_nothing(
 def test_an_app_with_two_engines_leaves_nothing_behind(
     scripted, scripted_root: Path, tmp_path: Path, started: Started, how: str, workers: str
 ) -> None:
-    """Also with workers spawned as vLLM spawns them on a CPU (``VLLMINLINE_WORKER_START=spawn``),
+    """Also with workers spawned as vLLM spawns them on a CPU (``VLLMINLINE_PROCESS_START=spawn``),
     whose semaphores have names in /dev/shm until they are released."""
     embedder = str(build_embedding_model(scripted_root))
     # The app, 2 engine cores, 2 workers (+ multiprocessing's resource tracker).
