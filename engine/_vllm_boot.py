@@ -75,6 +75,7 @@ server, ``._vllm_forkserver``, and workers from their engine core, :func:`fork_w
 
 _SPAWNED_FLAG = "--multiprocessing-fork"  # multiprocessing's spawn puts it on a child's argv
 _RESOURCE_TRACKER = "from multiprocessing.resource_tracker import main"  # the tracker's -c code
+_FORK_SERVER = "from multiprocessing.forkserver import main"  # ._vllm_processes's server
 _SHM_BROADCAST = "vllm.distributed.device_communicators.shm_broadcast"  # vLLM's MessageQueue
 
 _boot_lock = threading.Lock()
@@ -106,9 +107,8 @@ def boot(quiet_module: Any) -> None:
     if _SPAWNED_FLAG in sys.argv or _RESOURCE_TRACKER in " ".join(sys.orig_argv):
         # A process group of its own: a SIGKILL to the app's whole group (a notebook kernel's
         # forced restart, Ray killing a replica's group) would otherwise kill the engine's
-        # processes and multiprocessing's resource tracker with it, and nothing would be left
-        # to unlink their shared memory. Outside the group, the engine sees its parent die,
-        # as for any other way the app stops, and the tracker outlives them all.
+        # processes and the resource tracker with it, and nothing would unlink their shared
+        # memory. Outside it, the engine sees its parent die, and the tracker outlives them.
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)
     watch_parent(grace=quiet_module.shutdown_timeout())
@@ -116,6 +116,8 @@ def boot(quiet_module: Any) -> None:
     exit_without_finalization()
     if _SPAWNED_FLAG in sys.argv and os.environ.get(PROCESS_START_VARIABLE) == "fork":
         fork_workers(grace=quiet_module.shutdown_timeout())
+    if _FORK_SERVER in " ".join(sys.orig_argv):  # it imports torch and vLLM: as exit_without_...
+        atexit.register(_exit_through_the_c_library, 0)
 
 
 def exit_without_finalization() -> None:
@@ -377,12 +379,9 @@ except ImportError as e:
 
 
 def _boot_directory() -> str:
-    """A directory holding the ``sitecustomize`` for the engine's processes (once a process).
-
-    It is on their ``PYTHONPATH`` only: multiprocessing's spawn replaces a child's
-    ``sys.path`` with its parent's once it has started, and the file takes itself off
-    ``sys.path`` before it runs the interpreter's own ``sitecustomize``.
-    """
+    """A directory holding the ``sitecustomize`` for the engine's processes (once a process),
+    on their ``PYTHONPATH`` only: spawn gives a child its parent's ``sys.path`` once started,
+    and the file takes itself off ``sys.path`` before the interpreter's own ``sitecustomize``."""
     global _boot_dir
     with _boot_lock:
         if _boot_dir is None:

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,16 +74,32 @@ def test_a_started_engine_freezes_the_start_up_heap(scripted):
     assert gc.get_freeze_count() > 100_000
 
 
+def _titled(process: Any, title: str) -> bool:
+    return title in " ".join(process.cmdline())  # vLLM's process titles; the fork server's command
+
+
+def own_engine_processes() -> list[Any]:
+    """The engine cores of this process's engines (its children, or its fork server's) and
+    their workers: not those of the processes a test launched (tests/launches.py)."""
+    import psutil
+
+    cores = []
+    for child in psutil.Process().children():
+        if _titled(child, "multiprocessing.forkserver"):
+            cores += [c for c in child.children() if _titled(c, "VLLM::EngineCore")]
+        elif _titled(child, "VLLM::EngineCore"):
+            cores.append(child)
+    return cores + [w for c in cores for w in c.children() if _titled(w, "VLLM::Worker")]
+
+
 def test_a_running_engine_s_shared_memory_has_no_name_left_to_outlive_it(scripted):
     """The ring buffers between an engine core and its worker are mapped by both, their
     ``/dev/shm`` names already unlinked (engine/_vllm_boot.py): a kill of every process of the
     engine at once (Ray's cleanup of a replica, the OOM killer on the engine core) leaves none
     of them behind. Read off ``/proc/<pid>/maps`` of this process's engine processes."""
-    import psutil
-
     scripted("llama3").engine.start()
     mapped: dict[str, set[str]] = {}
-    for child in psutil.Process().children(recursive=True):
+    for child in own_engine_processes():
         try:
             with open(f"/proc/{child.pid}/maps") as maps:
                 lines = [line.split(None, 5)[5].strip() for line in maps if "/dev/shm/psm_" in line]
