@@ -199,11 +199,22 @@ def test_chat_vllm_stream(setup, expected, gemma: str, penalty: float) -> None:
 
 
 @pytest.mark.parametrize("penalty", PENALTIES)
-def test_chat_vllm_batch(setup, expected, gemma: str, penalty: float) -> None:
+def test_chat_vllm_batch(setup, expected, reference, gemma: str, penalty: float) -> None:
+    """Two prompts in one batch. In float32 each answer is exactly the reference's. In bfloat16
+    vLLM's CPU kernels are not batch-invariant on every CPU: on a 2-vCPU AMD EPYC with
+    avx512_bf16 (2026-12-04) SEA's greedy ids batched with RAINBOW left its ids alone at token
+    10 of 32 at penalty 1.0, with the engine's processes spawned and forked alike (on the Xeon
+    hosts before, with AMX, they were equal). So batched bfloat16 answers are held to the
+    check's rule against the reference, as the engine itself is."""
     options, engine = setup
     sea, rainbow = _chat_vllm(gemma, options, penalty).batch([SEA, RAINBOW])
-    _check(_lc_ids(sea), expected(engine, SEA, penalty))
-    _check(_lc_ids(rainbow), expected(engine, RAINBOW, penalty))
+    for got, messages in ((sea, SEA), (rainbow, RAINBOW)):
+        if _exact(engine):
+            _check(_lc_ids(got), expected(engine, messages, penalty))
+            continue
+        ids, want = _lc_ids(got), reference(engine, messages, penalty)
+        assert len(ids) == MAX_TOKENS
+        assert compare(ids, want).common_prefix >= MIN_BF16_PREFIX, (ids, want)
 
 
 @pytest.mark.parametrize("penalty", PENALTIES)
