@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import _vllm_processes  # the standard library only until an engine starts
 from .bridge import LoopThread
 from .errors import (
     EngineDeadError,
@@ -152,8 +153,6 @@ class Runtime:
         self.loop.stop()
         self.llm = None
         gc.collect()  # run AsyncLLM.__del__ now, while the interpreter is whole
-        from . import _vllm_processes
-
         _vllm_processes.stop_when_idle()
 
 
@@ -210,8 +209,6 @@ def start_runtime(
         llm, defaults = loop.submit(_build(model, vllm_kwargs, stats, planned, running)).result()
     except BaseException as e:
         loop.stop()
-        from . import _vllm_processes
-
         _vllm_processes.stop_when_idle()
         if isinstance(e, VLLMInlineError):
             raise
@@ -279,7 +276,7 @@ async def _build(
     # Built on the loop thread, so vLLM's output handler binds to this loop. vLLM is first
     # imported here too: some of its modules keep import-time tracebacks, which would keep
     # the caller's frames (and through them the engine) alive until interpreter exit.
-    from . import _vllm_boot, _vllm_processes, _vllm_quiet
+    from . import _vllm_boot, _vllm_quiet
 
     _vllm_processes.warm_up()  # on a CPU, engine cores' fork server imports while we do
     _vllm_quiet.install_filters()  # before vLLM's import, which logs
