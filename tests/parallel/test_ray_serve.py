@@ -88,6 +88,31 @@ def alive_cmdline(pid: int) -> str | None:
     return raw.replace(b"\0", b" ").decode(errors="replace").strip() or stat.split()[1]
 
 
+def parent_of(pid: int) -> int | None:
+    """The parent of ``pid``, or None if it has exited."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
+def engine_core_among(processes: dict[int, str], parents: dict[int, int]) -> bool:
+    """Whether one of ``processes`` (pid -> command line) is an engine core.
+
+    vLLM retitles an engine core "VLLM::EngineCore", but the title may not have reached
+    /proc/<pid>/cmdline when it is read (Serve restarting a replica on a loaded host); until then
+    the core has the command line it started with: a spawned child's, or that of the fork server
+    it was forked from (``engine/_vllm_processes.py``), whose child it is.
+    """
+    server = "multiprocessing.forkserver import main"
+    return any(
+        "EngineCore" in cmd
+        or "multiprocessing-fork" in cmd
+        or (server in cmd and server in processes.get(parents.get(pid, 0), ""))
+        for pid, cmd in processes.items()
+    )
+
+
 def events(lines: list[str]) -> list[tuple[str, str]]:
     """SSE lines -> ``(event, data)`` pairs (one space after ``data:`` is dropped)."""
     found, event, data = [], "message", []
@@ -114,6 +139,8 @@ class Cluster:
         """Processes below this one before Ray started (other modules' engines): not Ray's."""
         self.processes: dict[int, str] = {}
         """The processes below this one that Ray started (recorded before shutdown)."""
+        self.parents: dict[int, int] = {}
+        """The parent of each of :attr:`processes`, recorded with them."""
         self.down = False
         self.shm_before = shm_entries()
         """``/dev/shm`` before Ray started: nothing in it is the cluster's."""
@@ -124,6 +151,7 @@ class Cluster:
         self.down = True
         now = descendants(os.getpid())
         self.processes = {pid: cmd for pid, cmd in now.items() if pid not in self.before}
+        self.parents = {pid: parent for pid in self.processes if (parent := parent_of(pid))}
         try:
             serve.shutdown()
         finally:
@@ -267,9 +295,9 @@ def test_shutdown_leaves_no_process_behind(cluster: Cluster) -> None:
     names = " ".join(started.values())
     # what ran while the replica served: Ray's own processes and the replica's engine core
     assert "raylet" in names and "gcs_server" in names and "ServeReplica" in names, started
-    # The replica's engine core: vLLM retitles it "VLLM::EngineCore", but that title does not
-    # always reach /proc/<pid>/cmdline by the time it is read; then it is the spawned child.
-    assert "EngineCore" in names or "multiprocessing-fork" in names, started
+    assert engine_core_among(started, cluster.parents), "no engine core among:\n" + "\n".join(
+        f"{pid} (parent {cluster.parents.get(pid)}) {cmd[:200]}" for pid, cmd in started.items()
+    )
     deadline = time.monotonic() + 60
     while (left := {p: c for p in started if (c := alive_cmdline(p))}) and (
         time.monotonic() < deadline
