@@ -84,8 +84,16 @@ def summarize(records: list[Record], expected_tokens: int) -> dict[str, Any]:
 
 class RssSampler:
     """Peak resident memory of this process and all its descendants (engine core, workers, an
-    HTTP server), sampled every ``interval`` seconds while active; and the CPU time this
-    process alone (the client: not the engine core, its workers or a server) used meanwhile."""
+    HTTP server), sampled every ``interval`` seconds while active; their proportional set size
+    (PSS) once at the end; and the CPU time this process alone (the client: not the engine core,
+    its workers or a server) used meanwhile.
+
+    RSS counts a page shared by several processes once in each: the libraries every vLLM process
+    maps, and the pages a forked engine process shares with the process it was forked from. PSS
+    divides each shared page among the processes that map it, so the PSS of a set of processes
+    sums to the memory they take together. It is read once, at the end, because reading it
+    walks every process's page tables (``/proc/<pid>/smaps_rollup``): not while the block runs.
+    """
 
     def __init__(self, interval: float = 0.1) -> None:
         import psutil
@@ -103,6 +111,17 @@ class RssSampler:
         for p in [self._proc, *self._proc.children(recursive=True)]:
             try:
                 total += p.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        return total
+
+    def _pss(self) -> int:
+        import psutil
+
+        total = 0
+        for p in [self._proc, *self._proc.children(recursive=True)]:
+            try:
+                total += p.memory_full_info().pss
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 pass
         return total
@@ -129,6 +148,8 @@ class RssSampler:
         self._thread.join()
         self._peak = max(self._peak, self._sample())
         self.cpu_s = self._cpu() - self._cpu0
+        self.pss_mib = self._pss() / 2**20
+        """The PSS of this process and its descendants at the end of the block (MiB)."""
 
     @property
     def peak_mib(self) -> float:

@@ -17,11 +17,13 @@ Each side runs in a child process of its own, one after the other, so each clien
 memory are its own. Figures: time to the first answer token from the start of the turn (c=1,
 p50/p90); turns/s with 16 asyncio tasks on the async APIs; client CPU per turn (that process
 alone); peak RSS of the side's processes (it and its descendants: engine cores and workers, or
-the three server trees); cold start (from before ``start_engines``, or the servers' launch, to
-the first token of the LangChain app's first answer, indexing included; servers' readiness by
-polling ``/health``). The floor: each step timed on the one-process engines (``Engine.aembed``,
-a numpy top-8, ``Engine.ascore``, raw ``AsyncLLM.generate``'s first token), summed; and the
-same steps through each side's LangChain clients (``rag_turns.client_steps``): the hops.
+the three server trees), and their PSS at the end of the c=16 block (a shared page divided
+among the processes that map it: what the side takes together); cold start (from before
+``start_engines``, or the servers' launch, to the first token of the LangChain app's first
+answer, indexing included; servers' readiness by polling ``/health``). The floor: each step
+timed on the one-process engines (``Engine.aembed``, a numpy top-8, ``Engine.ascore``, raw
+``AsyncLLM.generate``'s first token), summed; and the same steps through each side's LangChain
+clients (``rag_turns.client_steps``): the hops.
 
     python benchmarks/rag.py --quick            # tiny tier, 8 and 16 turns: a smoke run
     python benchmarks/rag.py --tier real        # Gemma 3 270M + all-MiniLM-L6-v2
@@ -224,6 +226,7 @@ ROWS = (  # label, key in a framework's figures ("c16.x": at c=16; "side.x": the
     ("client CPU per turn, c=1 (ms)", "cpu_ms_per_turn_c1", ".1f"),
     (f"client CPU per turn, c={CONCURRENCY} (ms)", "c16.cpu_ms_per_turn", ".1f"),
     (f"peak RSS, all processes of the side, c={CONCURRENCY} (MiB)", "c16.peak_rss_mib", ".0f"),
+    (f"PSS, all processes of the side, after c={CONCURRENCY} (MiB)", "c16.pss_mib", ".0f"),
     ("cold start to first token (s; LangChain app)", "side.cold_start_s", ".1f"),
     (f"index {CHUNKS:,} chunks (s)", "side.index_s", ".2f"),
     ("answer characters per turn, c=1", "answer_chars", ".0f"),

@@ -117,7 +117,7 @@ async def turn(stream: Callable[[str], AsyncIterator[str]], q: str) -> dict[str,
 
 
 async def at_concurrency(stream: Callable, qs: list[str]) -> dict[str, Any]:
-    """All of ``qs`` through ``CONCURRENCY`` tasks: turns/s, CPU per turn, peak RSS."""
+    """All of ``qs`` through ``CONCURRENCY`` tasks: turns/s, CPU per turn, peak RSS, final PSS."""
     pending, records = iter(qs), []
 
     async def user() -> None:
@@ -130,7 +130,7 @@ async def at_concurrency(stream: Callable, qs: list[str]) -> dict[str, Any]:
         wall = time.perf_counter() - t0
     return {"turns": len(records), "wall_s": wall, "turns_s": len(records) / wall,
             "cpu_ms_per_turn": rss.cpu_s * 1e3 / len(records), "peak_rss_mib": rss.peak_mib,
-            "ttft_p50_ms": percentile([r["ttft_ms"] for r in records], 50)}
+            "pss_mib": rss.pss_mib, "ttft_p50_ms": percentile([r["ttft_ms"] for r in records], 50)}
 
 
 async def measure(apps: dict[str, Callable], cfg: dict, ask: Callable[[], str]) -> dict:
