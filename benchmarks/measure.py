@@ -15,6 +15,7 @@ import os
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,27 +105,20 @@ class RssSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def _sum(self, of: Callable[[Any], int]) -> int:
+        """``of(process)`` summed over this process and its live descendants."""
+        import psutil
+
+        total = 0
+        for p in [self._proc, *self._proc.children(recursive=True)]:
+            try:
+                total += of(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        return total
+
     def _sample(self) -> int:
-        import psutil
-
-        total = 0
-        for p in [self._proc, *self._proc.children(recursive=True)]:
-            try:
-                total += p.memory_info().rss
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass
-        return total
-
-    def _pss(self) -> int:
-        import psutil
-
-        total = 0
-        for p in [self._proc, *self._proc.children(recursive=True)]:
-            try:
-                total += p.memory_full_info().pss
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass
-        return total
+        return self._sum(lambda p: p.memory_info().rss)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
@@ -148,7 +142,7 @@ class RssSampler:
         self._thread.join()
         self._peak = max(self._peak, self._sample())
         self.cpu_s = self._cpu() - self._cpu0
-        self.pss_mib = self._pss() / 2**20
+        self.pss_mib = self._sum(lambda p: p.memory_full_info().pss) / 2**20
         """The PSS of this process and its descendants at the end of the block (MiB)."""
 
     @property
