@@ -84,8 +84,8 @@ def start_engine(
 ) -> AsyncLLM:
     """Build ``AsyncLLM`` (blocking, ~20 s on a CPU); call it on the engine's loop thread.
 
-    ``environment`` is set while vLLM starts its processes, on a CPU from a fork server
-    (:mod:`._vllm_processes`, as the bounded wait of a multi-node data-parallel head).
+    ``environment`` is set while vLLM starts its processes (engine cores forked on a CPU), and a
+    multi-node data-parallel head waits a bounded time for remote ones (:mod:`._vllm_processes`).
     vLLM's stats reach ``stats`` and the shared Prometheus registry after every step (see
     :mod:`._vllm_stats`). vLLM's periodic stats log line is off unless the caller sets
     ``disable_log_stats=False``: in a library, a line every few seconds is noise. When

@@ -70,7 +70,7 @@ finds another parent was orphaned before its watch began, and stops at once."""
 
 PROCESS_START_VARIABLE = "VLLMINLINE_PROCESS_START"
 """How an engine's processes start on a CPU: ``fork`` (the default: engine cores from a fork
-server, ``._vllm_forkserver``, and workers from their engine core, :func:`fork_workers`) or
+server, ``._vllm_processes``, and workers from their engine core, :func:`fork_workers`) or
 ``spawn`` (vLLM's own way: set it in the environment)."""
 
 _SPAWNED_FLAG = "--multiprocessing-fork"  # multiprocessing's spawn puts it on a child's argv
@@ -116,7 +116,7 @@ def boot(quiet_module: Any) -> None:
     exit_without_finalization()
     if _SPAWNED_FLAG in sys.argv and os.environ.get(PROCESS_START_VARIABLE) == "fork":
         fork_workers(grace=quiet_module.shutdown_timeout())
-    if _FORK_SERVER in " ".join(sys.orig_argv):  # it imports torch and vLLM: as exit_without_...
+    if _FORK_SERVER in " ".join(sys.orig_argv):  # it imports torch and vLLM too: as above
         atexit.register(_exit_through_the_c_library, 0)
 
 

@@ -15,7 +15,8 @@ children would otherwise have the server's), then :func:`._vllm_boot.boot_forked
 own process group, its end when this process ends, the C library's exit and forked workers.
 What torch and vLLM read from the environment while they are imported (vLLM's log format,
 OpenMP's settings) is the environment of the first start, the server's. The server ends with
-this process. ``VLLMINLINE_PROCESS_START=spawn`` leaves every start to vLLM.
+this process, or earlier once no engine core forked from it runs (:func:`stop_when_idle`).
+``VLLMINLINE_PROCESS_START=spawn`` leaves every start to vLLM.
 
 This module imports vLLM only in the functions that use it: :func:`warm_up` runs before vLLM
 is imported here.
