@@ -72,7 +72,8 @@ def start_engines(
         shutdown_engines(*(engine for engine in engines if id(engine) not in already))
         engine, error = errors[0]
         if engine.model not in str(error):  # say which of the models failed
-            error.args = (f"{engine.model}: {error.args[0] if error.args else error}", *error.args[1:])
+            first = error.args[0] if error.args else error
+            error.args = (f"{engine.model}: {first}", *error.args[1:])
         raise error
     return engines
 
@@ -86,14 +87,22 @@ def _plan(engines: Sequence[Engine]) -> dict[int, tuple[Choice, ...]]:
 
     if len({id(e) for e in engines}) < 2 or all(sized_by_user(e.vllm_kwargs) for e in engines):
         return {}
-    from . import _vllm_platform, _vllm_quiet
+    from . import _vllm_processes, _vllm_quiet
 
+    # As an engine's start does: the engine cores' fork server imports vLLM while this
+    # process does (the measuring below imports it here first).
+    _vllm_processes.warm_up()
     _vllm_quiet.install_filters()  # before vLLM's import, which logs
-    needs = [
-        EngineNeeds(e.model, e.vllm_kwargs, _vllm_platform.measure_facts(e.model, e.vllm_kwargs))
-        for e in engines
-    ]
-    plan = plan_memory(needs)
+    try:
+        from . import _vllm_platform
+
+        measure = _vllm_platform.measure_facts
+        needs = [EngineNeeds(e.model, e.vllm_kwargs, measure(e.model, e.vllm_kwargs))
+                 for e in engines]
+        plan = plan_memory(needs)
+    except BaseException:
+        _vllm_processes.stop_when_idle()  # nothing will start: no server left waiting
+        raise
     for engine, choices in zip(engines, plan):
         if choices:
             logger.info("vllm-inline memory plan for %s: %s", engine.model, "; ".join(

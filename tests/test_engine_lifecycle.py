@@ -4,10 +4,13 @@ engines of their own: ``tests/parallel/test_own_engines.py`` (``make test-parall
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +174,98 @@ def test_start_engines_stops_what_it_started_when_one_fails_and_names_that_model
     assert shared.started
     assert lines[0] == f"Starting vLLM for {s.path} ..." and lines[1].startswith(f"{s.path} ready in ")
     assert not any(scripted("llama3").path in line for line in lines)  # already running
+
+
+@contextlib.contextmanager
+def new_processes() -> Iterator[dict[int, Any]]:
+    """The processes created below this one while the block runs (by pid, as
+    :class:`psutil.Process`, which remembers the start time); any still alive after it are
+    killed, whatever happened."""
+    import psutil
+    from processes import alive, clean_up, process_tree
+
+    before, seen, done = {p.pid for p in process_tree(os.getpid())}, {}, threading.Event()
+
+    def own_helper(p: psutil.Process) -> bool:
+        # multiprocessing's resource tracker for this process: the standard library starts it
+        # at the first shared-memory use, and it lives as long as this process does.
+        try:
+            return p.ppid() == os.getpid() and "resource_tracker" in " ".join(p.cmdline())
+        except psutil.NoSuchProcess:
+            return False
+
+    def watch() -> None:
+        while not done.is_set():
+            for p in process_tree(os.getpid()):
+                if p.pid not in before and p.pid not in seen and not own_helper(p):
+                    seen[p.pid] = p
+            done.wait(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        watcher.join()
+        clean_up(alive(list(seen.values())), ())
+
+
+def test_start_engines_shuts_down_an_engine_still_starting_when_another_fails(scripted):
+    """Started at once: one engine is refused (before it spawns anything) while the other is
+    still starting. The call waits for that one, shuts it down, and raises the refused one's
+    error; none of the processes started meanwhile is left."""
+    import psutil
+    from processes import describe, wait_gone
+
+    from vllm_inline.engine import InsufficientMemoryError, start_engines
+
+    s = scripted("gemma")
+    good = get_engine(s.path, **{**s.engine_kwargs, "seed": 4343})  # this test's own engine
+    bad = get_engine(
+        scripted("chatml").path,
+        **{**s.engine_kwargs, "kv_cache_memory_bytes": psutil.virtual_memory().total * 2},
+    )
+    lines: list[str] = []
+    try:
+        with new_processes() as seen:
+            with pytest.raises(InsufficientMemoryError) as info:
+                start_engines(good, bad, progress=lines.append)
+            assert str(info.value).startswith(scripted("chatml").path + ": kv_cache_memory_bytes=")
+            assert f"Starting vLLM for {s.path} ..." in lines  # it was starting meanwhile
+            assert not good.started and not bad.started
+            assert seen, "the engine that was starting spawned no process"
+            left, _, _ = wait_gone(list(seen.values()), set(), timeout=30)
+            assert not left, describe(left)
+    finally:
+        good.shutdown()
+
+
+def test_a_memory_plan_that_cannot_fit_names_the_model_before_any_engine_starts(scripted):
+    """Three engines, one sized by its user past the machine's memory and two left to the plan:
+    the plan fails, naming a model and the option, and no engine process is started."""
+    import psutil
+    from processes import describe, wait_gone
+
+    from vllm_inline.engine import InsufficientMemoryError, start_engines
+
+    s = scripted("gemma")
+    options = {k: v for k, v in s.engine_kwargs.items() if k != "kv_cache_memory_bytes"}
+    huge = get_engine(scripted("chatml").path, **{
+        **options, "kv_cache_memory_bytes": psutil.virtual_memory().total * 2})
+    planned = [get_engine(scripted(name).path, **{**options, "seed": 4444})
+               for name in ("gemma", "llama3")]
+    lines: list[str] = []
+    with new_processes() as seen:
+        with pytest.raises(InsufficientMemoryError) as info:
+            start_engines(huge, *planned, progress=lines.append)
+        left, _, _ = wait_gone(list(seen.values()), set(), timeout=30)
+        assert not left, describe(left)  # the fork server launched for the plan stops too
+    # The first engine the plan sizes is named, and the way out: fewer or smaller models.
+    assert str(info.value).startswith(planned[0].model + ": the free memory")
+    assert info.value.option == "model" and "Start fewer models" in str(info.value)
+    assert lines == []  # no engine began to start
+    assert not any(e.started for e in (huge, *planned))
 
 
 def test_start_engines_refuses_a_bad_max_concurrent():
