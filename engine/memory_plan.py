@@ -288,9 +288,10 @@ def check_alone_start(
             raise InsufficientMemoryError(
                 f"{model}: the engine for {other} in this process already holds vLLM's default "
                 f"share of the GPU (gpu_memory_utilization={VLLM_DEFAULT_UTILIZATION}), so vLLM "
-                "would refuse to start this one. Start the engines together, "
-                "start_engines(first.engine, second.engine) plans their memory, or pass "
-                "gpu_memory_utilization to each (adding up to less than 1).",
+                "would refuse to start this one. Start the engines together: shut that one "
+                "down first (engine.shutdown()), then start_engines(first.engine, "
+                "second.engine) plans their memory; or pass gpu_memory_utilization to each "
+                "(adding up to less than 1).",
                 option="gpu_memory_utilization",
                 requested_bytes=math.ceil(VLLM_DEFAULT_UTILIZATION * (facts.total_memory_bytes or 0)),
                 free_bytes=int(facts.free_memory_bytes or 0),

@@ -223,6 +223,7 @@ def test_a_gpu_engine_started_alone_next_to_vllms_default_share_is_refused_by_na
         check_alone_start("embedder", {"runner": "pooling"}, facts, running)
     message = str(caught.value)
     assert message.startswith("embedder:") and "chat" in message and "start_engines" in message
+    assert "shutdown()" in message
     assert caught.value.option == "gpu_memory_utilization"
     # sized by the user, next to a sized engine, or on a CPU: vLLM's own check applies
     check_alone_start("embedder", {"gpu_memory_utilization": 0.05}, facts, running)
