@@ -14,7 +14,8 @@ one after another against all at once.
 2. **Three engines** (the test kit's chat model, embedder and a second chat model, the
    kit's CPU options), in a child process each: ``engine.start()`` one after another
    against :func:`vllm_inline.engine.start_engines`; ``shutdown()`` one after another against
-   :func:`vllm_inline.engine.shutdown_engines`. Target: together in at most 0.7x the time.
+   :func:`vllm_inline.engine.shutdown_engines`, beside the slowest engine's own shutdown.
+   Targets: the start together in at most 0.7x the time, the shutdown bounded by the slowest.
 
 Not a timed test: the figures go to ``docs/performance.md`` ("Engine start and shutdown").
 """
@@ -88,9 +89,16 @@ TOGETHER = textwrap.dedent(
         t0 = time.perf_counter()
         start_engines(*engines) if together else [engine.start() for engine in engines]
         t1 = time.perf_counter()
-        shutdown_engines(*engines) if together else [engine.shutdown() for engine in engines]
+        alone = []  # one after another: each engine's own shutdown
+        if together:
+            shutdown_engines(*engines)
+        for engine in engines:
+            t = time.perf_counter()
+            engine.shutdown()  # a no-op once shut down
+            alone.append(time.perf_counter() - t)
         t2 = time.perf_counter()
-        print("TIMES", json.dumps({"start": t1 - t0, "shutdown": t2 - t1}))
+        times = {"start": t1 - t0, "shutdown": t2 - t1}
+        print("TIMES", json.dumps(times if together else {**times, "slowest": max(alone)}))
     """
 )
 
@@ -201,6 +209,8 @@ def three_engines(rounds: int) -> None:
         tog = statistics.median(results["together"][name])
         print(f"  {name:9s} one after another {seq:6.1f} s   together {tog:6.1f} s   "
               f"ratio {tog / seq:.2f}x")
+    slowest = statistics.median(results["one after another"]["slowest"])
+    print(f"  the slowest engine's own shutdown {slowest:6.1f} s (one after another)")
     print("  target: the start together in at most 0.7x the time; shutdown bounded by the slowest")
 
 

@@ -1,10 +1,10 @@
 """Several engines at once: start them concurrently, shut them down concurrently.
 
 A RAG app holds a chat model, an embedder and a reranker: three engines. Each start and each
-shutdown mostly waits on vLLM's own processes (spawning them, importing vLLM there, loading
-the weights; on shutdown, their exit), so one after another they cost the sum of their waits,
-and at once less (on 2 cores, where the imports themselves queue: 0.83x for three starts,
-0.77x for three shutdowns, ``benchmarks/lifecycle.py``)::
+shutdown mostly waits on vLLM's own processes (starting them, loading the weights; on shutdown,
+their exit), so at once they overlap their waits. On 2 cores, with the engine processes forked,
+the work left in them queues: three starts take as long together as one after another, three
+shutdowns 0.84x (``benchmarks/lifecycle.py``; docs/performance.md)::
 
     from vllm_inline.engine import get_engine, start_engines
 
@@ -113,7 +113,7 @@ def _plan(engines: Sequence[Engine]) -> dict[int, tuple[Choice, ...]]:
 def shutdown_engines(*engines: Engine) -> None:
     """Shut ``engines`` down concurrently (each :meth:`~vllm_inline.engine.Engine.shutdown`
     is idempotent); returns when all are down. Each shutdown mostly waits for vLLM's processes
-    to exit, so at once they take less than the sum (three tiny engines on 2 cores: 0.77x,
+    to exit, so at once they take less than the sum (three tiny engines on 2 cores: 0.84x,
     ``benchmarks/lifecycle.py``)."""
     running = [engine for engine in engines if engine.started]
     for engine, error in _each_at_once(lambda engine: engine.shutdown(), running, None):
