@@ -104,3 +104,67 @@ def test_rag_app_example_on_real_checkpoints(gemma: str, minilm: str, capsys) ->
                    get_engine(str(build_reranker_model()), runner="pooling")):
         assert engine.started
         assert not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(engine.vllm_kwargs)
+
+
+_SCRIPT = """
+import importlib.util, json, sys
+
+if __name__ == "__main__":
+    path, gemma, minilm = sys.argv[1:4]
+    spec = importlib.util.spec_from_file_location("rag_app", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    answer, sources = example.main(gemma, minilm, None, "langchain", "What does a reranker do?")
+
+    from vllm_inline.engine import get_engine
+    from vllm_inline.testing import build_reranker_model
+
+    engines = [get_engine(gemma), get_engine(minilm, runner="pooling"),
+               get_engine(str(build_reranker_model()), runner="pooling")]
+    print("RESULT", json.dumps({"answer": answer, "sources": sources, "chosen": [
+        {c.name: c.reason for c in e.platform_defaults.chosen} for e in engines]}))
+"""
+
+
+def test_rag_app_plans_the_real_checkpoints_memory_in_a_process_of_its_own(
+    gemma: str, minilm: str
+) -> None:
+    """The example as a user runs it, in a new process: none of its three engines runs yet, so
+    ``start_engines`` plans their memory together on the real checkpoints (with no memory
+    option: every KV cache is a planned share), and the answer comes from 3 of its chunks. The
+    process's engines end with it (a test of ``atexit``'s shutdown); any left are killed."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from processes import alive, clean_up, describe, process_tree
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "rag_app.py"
+    child = subprocess.Popen([sys.executable, "-c", _SCRIPT, str(path), gemma, minilm],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tree: dict[int, object] = {}
+    try:
+        while child.poll() is None:  # the processes it starts, by pid, to clean up after
+            try:
+                tree.update({p.pid: p for p in process_tree(child.pid)})
+            except Exception:  # noqa: BLE001 - it ended meanwhile
+                pass
+            try:
+                child.wait(0.5)
+            except subprocess.TimeoutExpired:
+                pass
+        out, err = child.communicate(timeout=60)
+        assert child.returncode == 0, err[-3000:]
+        result = json.loads(next(line for line in out.splitlines()
+                                 if line.startswith("RESULT "))[len("RESULT "):])
+        assert result["answer"].strip()
+        assert len(result["sources"]) == 3
+        for chosen in result["chosen"]:
+            assert chosen["kv_cache_memory_bytes"].startswith("planned with 2 other engine(s)"), (
+                chosen)
+        assert not alive(list(tree.values())), describe(list(tree.values()))
+    finally:
+        if child.poll() is None:
+            child.kill()
+        clean_up(list(tree.values()), ())
