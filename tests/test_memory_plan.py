@@ -188,6 +188,12 @@ def test_gpu_engines_started_together_all_start_in_any_order(chat, free, total):
     vllm_starts(engines, plan, free, total, estimated)
     # ... also when vLLM's overhead is half the estimate (more room left, never less)
     vllm_starts(engines, plan, free, total, lambda e: estimated(e) // 2)
+    # ... and when it is larger, by up to the margin shared among the engines that start before
+    # the last; past that, the last one to start is refused (the estimate is not measured here)
+    over = int(total * GPU_MARGIN) // (len(engines) - 1)
+    vllm_starts(engines, plan, free, total, lambda e: estimated(e) + over)
+    with pytest.raises(AssertionError, match="refused"):
+        vllm_starts(engines, plan, free, total, lambda e: estimated(e) + 2 * over)
     planned = options(plan)
     requested = sum(math.ceil(total * p["gpu_memory_utilization"]) for p in planned)
     assert requested <= free - total * GPU_MARGIN
