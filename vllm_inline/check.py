@@ -11,12 +11,13 @@ Everything goes through the public :class:`~vllm_inline.engine.Engine` API.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from .check_report import Report, Row, shorten
+from .check_tools import add_tool_rows, rendered
 from .engine import Engine, get_engine
-from .engine.errors import ChatTemplateError, VLLMInlineError
+from .engine.errors import VLLMInlineError
 from .engine.parsing import DEFAULT_TOOL_PARSERS
 from .engine.sampling import DEFAULTS
 from .engine.templates import detect_family
@@ -34,18 +35,7 @@ CONVERSATION: list[dict[str, Any]] = [
 """The multi-turn conversation the check renders and answers."""
 
 _MARKER = "vllm-inline-check-marker"
-_WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+
 
 
 def _generation_config_eos(model: str) -> list[int]:
@@ -136,19 +126,10 @@ def _chosen(engine: Engine, report: Report, tool_parser: str | None) -> dict[str
     return {"tool_parser": parser, "gen_eos": gen_eos}
 
 
-def _render(
-    engine: Engine, messages: Sequence[Mapping[str, Any]], **kw: Any
-) -> tuple[list[int] | None, str]:
-    try:
-        return engine.prompt_token_ids(list(messages), **kw), ""
-    except ChatTemplateError as e:
-        return None, str(e)
-
-
 def _end_of_turn(engine: Engine) -> tuple[int | None, str | None]:
     """The token the template puts right after an assistant message's content."""
     tok = engine.tokenizer
-    ids, _ = _render(
+    ids, _ = rendered(
         engine, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _MARKER}]
     )
     if ids is None:
@@ -170,10 +151,10 @@ def _template(
     """Rendered prompt, role rules and the end-of-turn token; returns the conversation the
     template accepts and the end-of-turn token id."""
     conversation = CONVERSATION
-    ids, error = _render(engine, conversation)
+    ids, error = rendered(engine, conversation)
     if ids is None:
         conversation = CONVERSATION[1:]
-        ids, error_no_system = _render(engine, conversation)
+        ids, error_no_system = rendered(engine, conversation)
         if ids is None:
             report.add(
                 "rendered prompt", "fail", "the template refuses the conversation", error_no_system
@@ -193,7 +174,7 @@ def _template(
         ids, skip_special_tokens=False
     )
     two_users = [{"role": "user", "content": "Hi"}, {"role": "user", "content": "Hello?"}]
-    same, error = _render(engine, two_users)
+    same, error = rendered(engine, two_users)
     report.add(
         "non-alternating turns",
         "info",
@@ -283,76 +264,6 @@ def _answer(
         report.add("stops at end of turn", "ok", f"finish_reason=stop at {shown}")
 
 
-def _tools(engine: Engine, report: Report, tool_parser: str | None) -> None:
-    """One tool-call round trip when the template takes tools (never fails the check)."""
-    user = [{"role": "user", "content": "What is the weather in Oslo? Use the get_weather tool."}]
-    plain, _ = _render(engine, user)
-    with_tools, error = _render(engine, user, tools=[_WEATHER])
-    if with_tools is None:
-        report.add("tool round trip", "info", "the template refuses tools", error)
-        return
-    if with_tools == plain:
-        report.add("tool round trip", "info", "skipped: the template does not render tools")
-        return
-    if tool_parser is None:
-        report.add(
-            "tool round trip",
-            "warn",
-            "no tool parser",
-            "The template takes tools but the family has no default parser: pass "
-            "--tool-parser (e.g. hermes, llama3_json, mistral, pythonic).",
-        )
-        return
-    calls: dict[int, dict[str, str]] = {}
-    text = []
-    for delta in engine.stream(
-        user, tools=[_WEATHER], tool_parser=tool_parser, temperature=0.0, max_tokens=256
-    ):
-        text.append(delta.text)
-        for c in delta.tool_calls:
-            call = calls.setdefault(c.index, {"id": "", "name": "", "arguments": ""})
-            call["id"] = c.id or call["id"]
-            call["name"] = c.name or call["name"]
-            call["arguments"] += c.arguments
-    if not calls:
-        report.add(
-            "tool round trip",
-            "info",
-            "the model answered without calling the tool",
-            f"answer: {shorten(''.join(text), 160)}",
-        )
-        return
-    call = calls[min(calls)]
-    call_id = call["id"] or "call_0"
-    follow = [
-        *user,
-        {
-            "role": "assistant",
-            "content": "".join(text) or None,
-            "tool_calls": [
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": call["name"], "arguments": call["arguments"] or "{}"},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": call_id, "content": "It is sunny in Oslo."},
-    ]
-    answer = "".join(
-        d.text
-        for d in engine.stream(
-            follow, tools=[_WEATHER], tool_parser=tool_parser, temperature=0.0, max_tokens=256
-        )
-    )
-    report.add(
-        "tool round trip",
-        "ok",
-        f"{call['name']}({call['arguments']}) with {tool_parser}",
-        f"answer after the tool result: {shorten(answer, 160)}",
-    )
-
-
 def _vllm_row(report: Report) -> None:
     """Which vLLM is installed, and whether vllm-inline was run on it, checked against its
     sources, or neither (docs/compatibility.md)."""
@@ -366,7 +277,8 @@ def _vllm_row(report: Report) -> None:
         f"Outside the supported range ({range_text()}): it may work; if something breaks, "
         "install a release in that range (docs/compatibility.md)."
     )
-    report.add("vllm", "warn" if status == "unknown" else "info", f"{dist} {version}: {status}", detail)
+    level = "warn" if status == "unknown" else "info"
+    report.add("vllm", level, f"{dist} {version}: {status}", detail)
 
 
 def run_check(
@@ -410,5 +322,5 @@ def run_check(
         lambda: add_parity_rows(engine, report, conversation, max_tokens, trust_remote_code),
         None,
     )
-    step("tools", lambda: _tools(engine, report, chosen["tool_parser"]), None)
+    step("tools", lambda: add_tool_rows(engine, report, chosen["tool_parser"]), None)
     return report
