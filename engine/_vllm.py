@@ -1,11 +1,12 @@
-"""vLLM's engine API as the request path uses it: start, render, sampling, LoRA, errors.
+"""vLLM's engine API as the request path uses it: start, render, sampling, errors.
 
 vLLM's API moves between releases, so every vLLM import of the package is in ``engine/_vllm*.py``
 (docs/compatibility.md; ``tests/vllm_contract.py`` lists each name used): this module
-(``AsyncLLM``, the renderer, ``SamplingParams``, ``LoRARequest``, vLLM's exceptions),
-:mod:`._vllm_parsing` (vLLM's tool and reasoning parsers, which take the OpenAI server's request
-type), :mod:`._vllm_pooling` (the pooling API of embeddings and scoring), :mod:`._vllm_stats`
-(stat loggers) and :mod:`._vllm_platform` (the machine's facts).
+(``AsyncLLM``, the renderer, ``SamplingParams``, vLLM's exceptions), :mod:`._vllm_lora`
+(``LoRARequest``, adapters loaded outside a batch), :mod:`._vllm_parsing` (vLLM's tool and
+reasoning parsers, which take the OpenAI server's request type), :mod:`._vllm_pooling` (the
+pooling API of embeddings and scoring), :mod:`._vllm_stats` (stat loggers) and
+:mod:`._vllm_platform` (the machine's facts).
 
 Imported only when an engine starts: importing :mod:`vllm_inline.engine` does not import vLLM.
 """
@@ -23,7 +24,6 @@ from vllm import AsyncEngineArgs, SamplingParams
 from vllm.config import StructuredOutputsConfig
 from vllm.envs import disable_envs_cache, enable_envs_cache
 from vllm.exceptions import VLLMValidationError
-from vllm.lora.request import LoRARequest
 from vllm.platforms import current_platform
 from vllm.renderers.inputs.preprocess import parse_model_prompt
 from vllm.renderers.params import ChatParams
@@ -105,7 +105,8 @@ def start_engine(
             backend="xgrammar", disable_any_whitespace=True
         )
     if options.get("enable_lora") and current_platform.is_cpu():
-        # One more adapter slot, for the base model's empty adapter (see base_lora_request).
+        # One more adapter slot, for the base model's empty adapter
+        # (see ._vllm_lora.base_lora_request).
         options["max_loras"] = int(options.get("max_loras") or 1) + 1
         if options.get("max_cpu_loras"):
             options["max_cpu_loras"] = int(options["max_cpu_loras"]) + 1
@@ -146,69 +147,6 @@ def _warn_if_unsupported() -> None:
         "(%s; docs/compatibility.md). It may work; if something breaks, install a release in "
         "that range.", *found, range_text(),
     )
-
-
-# -- LoRA (the adapter logic is in .lora) ---------------------------------------------------
-
-_BASE_LORA_ID = 2**31 - 1  # far above the ids .lora hands out (1, 2, ...)
-_base_adapter_dir: str | None = None
-
-
-def lora_enabled(llm: AsyncLLM) -> bool:
-    """True when the engine was started with ``enable_lora``."""
-    return llm.vllm_config.lora_config is not None
-
-
-def make_lora_request(name: str, lora_id: int, path: str) -> LoRARequest:
-    return LoRARequest(name, lora_id, path)
-
-
-async def add_lora(llm: AsyncLLM, request: LoRARequest) -> None:
-    """Load an adapter into the engine outside any batch: a bad adapter fails this call with
-    a bare ``Exception`` (the worker's message) and the engine keeps serving, whereas the same
-    adapter first met inside a batch kills the engine core."""
-    await llm.add_lora(request)
-
-
-def base_lora_request(llm: AsyncLLM) -> LoRARequest | None:
-    """What a base-model request passes as ``lora_request``: ``None``, except on the CPU.
-
-    vLLM's CPU LoRA kernels (``vllm/lora/ops/torch_ops``, 0.32) read the "no adapter" index -1
-    as the last adapter slot, so a base-model request batched next to adapter requests silently
-    gets an adapter's weights (vllm-project/vllm PRs #48421, #49656, open). On the CPU the base
-    model therefore runs through an adapter with no weights, in the extra slot
-    :func:`start_engine` reserved: no request ever carries index -1.
-    """
-    if not lora_enabled(llm) or not current_platform.is_cpu():
-        return None
-    return LoRARequest("vllm-inline-base", _BASE_LORA_ID, _base_adapter())
-
-
-def _base_adapter() -> str:
-    """A PEFT adapter directory whose weights change nothing (written once per process)."""
-    global _base_adapter_dir
-    if _base_adapter_dir is None:
-        import atexit
-        import json
-        import os
-        import shutil
-        import tempfile
-
-        import numpy as np
-        from safetensors.numpy import save_file
-
-        path = tempfile.mkdtemp(prefix="vllm-inline-base-lora-")
-        config = {"peft_type": "LORA", "r": 1, "lora_alpha": 1, "target_modules": ["o_proj"]}
-        with open(os.path.join(path, "adapter_config.json"), "w") as f:
-            json.dump(config, f)
-        # vLLM needs one tensor; zeros on a module no model has: the slot stays all zero.
-        zero = np.zeros((1, 1), np.float32)
-        prefix = "base_model.model.vllm_inline_base.o_proj"
-        tensors = {f"{prefix}.lora_A.weight": zero, f"{prefix}.lora_B.weight": zero}
-        save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
-        atexit.register(shutil.rmtree, path, True)
-        _base_adapter_dir = path
-    return _base_adapter_dir
 
 
 async def render_chat(

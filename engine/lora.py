@@ -109,22 +109,22 @@ class LoRARegistry:
 
 async def lora_request(runtime: Runtime, adapter: Adapter | None) -> Any:
     """vLLM's ``LoRARequest`` for ``adapter`` (or for the base model on the CPU, see
-    ``_vllm.base_lora_request``), loading the adapter into the engine on first use.
+    ``_vllm_lora.base_lora_request``), loading the adapter into the engine on first use.
 
     Runs on the engine loop; which adapters are loaded is kept on the ``runtime``, so a
     restarted engine loads them again.
     """
-    from . import _vllm
+    from . import _vllm_lora
 
     llm, loaded = runtime.llm, runtime.loaded_adapters
     if adapter is None:
-        base = _vllm.base_lora_request(llm)
+        base = _vllm_lora.base_lora_request(llm)
         if base is None or _BASE_OK in loaded:
             return base
         if _BASE_FAILED in loaded:
             return None
         try:
-            await _vllm.add_lora(llm, base)
+            await _vllm_lora.add_lora(llm, base)
         except Exception:  # noqa: BLE001 - an unusual model: fall back to vLLM's own path
             logger.warning(
                 "vllm-inline: the base model's empty LoRA adapter does not load on this "
@@ -136,7 +136,7 @@ async def lora_request(runtime: Runtime, adapter: Adapter | None) -> Any:
             return None
         loaded.add(_BASE_OK)
         return base
-    if not _vllm.lora_enabled(llm):
+    if not _vllm_lora.lora_enabled(llm):
         raise BadRequestError(
             f"lora={adapter.path!r}: this engine was started without LoRA support. Pass "
             "vllm_kwargs={'enable_lora': True, 'max_lora_rank': <the adapters' largest "
@@ -144,10 +144,10 @@ async def lora_request(runtime: Runtime, adapter: Adapter | None) -> Any:
             parameter="lora",
             value=adapter.path,
         )
-    request = _vllm.make_lora_request(adapter.name, adapter.id, adapter.path)
+    request = _vllm_lora.make_lora_request(adapter.name, adapter.id, adapter.path)
     if adapter.id not in loaded:
         try:
-            await _vllm.add_lora(llm, request)
+            await _vllm_lora.add_lora(llm, request)
         except Exception as e:  # vLLM raises a bare Exception carrying the worker's message
             raise BadRequestError(
                 f"LoRA adapter {adapter.path!r} cannot be used with this engine: "

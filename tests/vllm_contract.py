@@ -44,7 +44,7 @@ def _u(module: str, name: str, *, keywords: tuple[str, ...] = (), members: tuple
 
 
 CONTRACT: tuple[Use, ...] = (
-    # engine/_vllm.py: start, render, sampling, LoRA, errors
+    # engine/_vllm.py: start, render, sampling, errors; engine/_vllm_lora.py: LoRARequest
     _u("vllm", "AsyncEngineArgs", keywords=(
         "model", "dtype", "max_model_len", "enforce_eager", "gpu_memory_utilization",
         "kv_cache_memory_bytes", "disable_log_stats", "structured_outputs_config", "enable_lora",
