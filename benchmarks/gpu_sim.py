@@ -453,7 +453,7 @@ def main() -> None:
         "--backpressure",
         choices=["on", "off", "both"],
         default="on",
-        help="off: pumps never wait for their consumers (as before engine/window.py); both: "
+        help="off: pumps never wait for their consumers (as before engine/loop/window.py); both: "
         "each path with and without, one after the other, in this one process",
     )
     args = ap.parse_args()

@@ -51,8 +51,23 @@ sys.path.insert(0, str(HERE))
 
 import run  # noqa: E402  (sets VLLM_LOGGING_LEVEL before vLLM loads; keeps USER_ENV)
 from rag_turns import (  # noqa: E402
-    CHUNKS, CLIENT_STEPS, CONCURRENCY, FLOOR_OF, FRAMEWORKS, KEEP, MAX_TOKENS, RETRIEVE, SAMPLING,
-    SIDES, both_apps, corpus, floor, http_postprocessor, log, questions, server_rerank,
+    CHUNKS,
+    CLIENT_STEPS,
+    CONCURRENCY,
+    FLOOR_OF,
+    FRAMEWORKS,
+    KEEP,
+    MAX_TOKENS,
+    RETRIEVE,
+    SAMPLING,
+    SIDES,
+    both_apps,
+    corpus,
+    floor,
+    http_postprocessor,
+    log,
+    questions,
+    server_rerank,
 )
 
 from vllm_inline.testing import CPU_TEST_ENGINE_KWARGS  # noqa: E402
@@ -154,8 +169,11 @@ async def servers_main(cfg: dict, ports: dict, procs: dict, t0: float) -> dict[s
 
 def build_models(tier: str) -> dict[str, str]:
     """The tier's chat model, embedder and reranker directories (built once, then cached)."""
-    from vllm_inline.testing import build_embedding_model, build_reranker_model
-    from vllm_inline.testing import build_scripted_model
+    from vllm_inline.testing import (
+        build_embedding_model,
+        build_reranker_model,
+        build_scripted_model,
+    )
 
     if tier == "tiny":
         chat, embedder = build_scripted_model("demo"), build_embedding_model()
@@ -184,7 +202,7 @@ def chat_setup(model: str, scratch: pathlib.Path) -> tuple[list[str], list[int]]
     end-of-turn ids (vllm-inline stops at them) for the clients to send as stop_token_ids."""
     from transformers import AutoTokenizer
 
-    from vllm_inline.engine.templates import detect_family
+    from vllm_inline.engine.life.templates import detect_family
 
     tok = AutoTokenizer.from_pretrained(model)
     vocab = tok.get_vocab()

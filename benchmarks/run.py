@@ -63,7 +63,7 @@ ENGINE_OPTIONS: dict[str, Any] = {
 }
 """Engine options of every path (``AsyncEngineArgs`` fields / ``vllm serve`` flags)."""
 
-# What vllm-inline's engine adds to the options when not given (engine/_vllm.py): given to the
+# What vllm-inline's engine adds to the options when not given (engine/seam/vllm_engine.py): given to the
 # raw engine and to the server too, so all three engines are configured alike.
 _STRUCTURED = {"backend": "xgrammar", "disable_any_whitespace": True}
 

@@ -8,9 +8,8 @@
 Importing this module does not import torch or vLLM; they load when an engine starts.
 """
 
-from .deltas import Delta, TokenLogprob, ToolCallDelta, Usage
-from .engine import Engine, get_engine, shutdown_all
-from .errors import (
+from vllm_inline.engine.engine import Engine, get_engine, shutdown_all
+from vllm_inline.engine.errors import (
     BadRequestError,
     ChatTemplateError,
     ContextLengthExceededError,
@@ -27,10 +26,11 @@ from .errors import (
     UnsupportedTaskError,
     VLLMInlineError,
 )
-from .metrics import EngineStats, RequestMetrics, prometheus_registry
-from .sampling import DEFAULTS
-from .stops import StopPolicy
-from .together import shutdown_engines, start_engines
+from vllm_inline.engine.life.metrics import EngineStats, RequestMetrics, prometheus_registry
+from vllm_inline.engine.life.stops import StopPolicy
+from vllm_inline.engine.life.together import shutdown_engines, start_engines
+from vllm_inline.engine.request.sampling import DEFAULTS
+from vllm_inline.engine.stream.deltas import Delta, TokenLogprob, ToolCallDelta, Usage
 
 __all__ = [
     "DEFAULTS",

@@ -2,12 +2,9 @@
 
 :func:`get_engine` returns the same :class:`Engine` for the same model and options, so every
 LangChain and LlamaIndex object on a model shares one engine and its continuous batching.
-
-:class:`Engine` is the lifecycle facade: it starts vLLM on first use (:mod:`.runtime`), shuts it
-down, and hands each call to the request path, which runs on the engine's own event-loop thread:
-:mod:`.request` (checks, before anything starts) -> :mod:`.render` -> :mod:`.generate` (deltas)
-or :mod:`.embeddings` or :mod:`.scoring`. :meth:`Engine.astream` can be iterated from any event
-loop and :meth:`Engine.stream` from any thread, both through :mod:`.bridge`.
+:class:`Engine` is the facade over the stages (docs/architecture.md): it starts vLLM on first
+use (``life/``), checks each call (``request/``) and runs it on the engine's event-loop thread
+(``stream/``, ``pooling/``), from any event loop or thread through ``loop/bridge.py``.
 """
 
 from __future__ import annotations
@@ -21,19 +18,20 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from . import embeddings, render, scoring
-from .bridge import aiter_on, iter_on
-from .deltas import Delta, coalesce
-from .errors import EngineUnavailableError, ModelLoadError
-from .generate import generate
-from .lora import LoRARegistry
-from .metrics import EngineStats
-from .platform_defaults import Choice, PlatformDefaults
-from .request import Request, build_request
-from .runtime import Runtime, start_runtime
-from .sampling import DEFAULTS, layer_sampling
-from .stops import StopPolicy
-from .together import shutdown_engines
+from vllm_inline.engine.errors import EngineUnavailableError, ModelLoadError
+from vllm_inline.engine.life.metrics import EngineStats
+from vllm_inline.engine.life.platform_defaults import Choice, PlatformDefaults
+from vllm_inline.engine.life.runtime import Runtime, start_runtime
+from vllm_inline.engine.life.stops import StopPolicy
+from vllm_inline.engine.life.together import shutdown_engines
+from vllm_inline.engine.loop.bridge import aiter_on, iter_on
+from vllm_inline.engine.pooling import embeddings, scoring
+from vllm_inline.engine.request import render
+from vllm_inline.engine.request.lora import LoRARegistry
+from vllm_inline.engine.request.request import Request, build_request
+from vllm_inline.engine.request.sampling import DEFAULTS, layer_sampling
+from vllm_inline.engine.stream.deltas import Delta, coalesce
+from vllm_inline.engine.stream.generate import generate
 
 __all__ = ["Engine", "get_engine", "shutdown_all"]
 
@@ -41,7 +39,8 @@ T = TypeVar("T")
 
 
 class Engine:
-    """vLLM's ``AsyncLLM`` for one model, on its own event-loop thread. Get it with :func:`get_engine`."""
+    """vLLM's ``AsyncLLM`` for one model, on its own event-loop thread. Get it with
+    :func:`get_engine`."""
 
     def __init__(self, model: str, vllm_kwargs: Mapping[str, Any] | None = None) -> None:
         self.model = str(model)
@@ -115,7 +114,7 @@ class Engine:
         """What the running engine started with (``None`` before it starts): ``.kwargs`` (every
         option passed to vLLM) and ``.chosen`` (options vllm-inline set for a CPU because the
         user did not, each with a reason: ``dtype``, ``kv_cache_memory_bytes``,
-        ``enforce_eager``, ...). See :mod:`.platform_defaults`."""
+        ``enforce_eager``, ...). See :mod:`vllm_inline.engine.life.platform_defaults`."""
         runtime = self._runtime
         return runtime.platform_defaults if runtime is not None else None
 
@@ -172,15 +171,15 @@ class Engine:
     ) -> AsyncIterator[Delta]:
         """Stream the answer to ``messages`` (OpenAI-style chat) as :class:`Delta` objects.
 
-        Keyword arguments: ``prompt`` (a pre-formatted prompt instead of ``messages``),
-        ``tools``, ``tool_choice``, ``chat_template``, ``chat_template_kwargs``,
-        ``tool_parser``, ``reasoning_parser``, ``structured_outputs``, ``lora`` (a LoRA adapter
-        directory, ``(name, path)`` or a name seen before: see :mod:`.lora`), ``priority`` (an int,
-        lower first; needs ``scheduling_policy="priority"``), ``timeout`` (seconds, then the
-        request is aborted with :class:`RequestTimeoutError`), ``stream=False`` (the whole answer
-        as one delta: ``Request.stream``), any vLLM sampling value (``max_tokens``, ``stop``, ...).
-        Bad arguments raise here, before anything starts; iterate the result from any event
-        loop (it never blocks it). The engine starts on the first iteration.
+        Keyword arguments: ``prompt`` (a pre-formatted prompt instead of ``messages``), ``tools``,
+        ``tool_choice``, ``chat_template``, ``chat_template_kwargs``, ``tool_parser``,
+        ``reasoning_parser``, ``structured_outputs``, ``lora`` (a LoRA adapter directory, ``(name,
+        path)`` or a name seen before: see :mod:`vllm_inline.engine.request.lora`), ``priority`` (an
+        int, lower first; needs ``scheduling_policy="priority"``), ``timeout`` (seconds, then the
+        request is aborted with :class:`RequestTimeoutError`), ``stream=False`` (the whole answer as
+        one delta: ``Request.stream``), any vLLM sampling value (``max_tokens``, ``stop``, ...). Bad
+        arguments raise here, before anything starts; iterate the result from any event loop (it
+        never blocks it). The engine starts on the first iteration.
         """
         return self._astream(self._request(messages, kwargs))
 
@@ -212,7 +211,7 @@ class Engine:
         One vector per text, in order. A text longer than ``max_model_len`` raises
         :class:`ContextLengthExceededError` unless ``truncate=True``; ``normalize`` overrides the
         model's L2 normalisation. Texts are tokenized ``batch_size`` at a time and all submitted
-        concurrently. Works from any event loop. See :mod:`.embeddings`.
+        concurrently. Works from any event loop. See :mod:`vllm_inline.engine.pooling.embeddings`.
         """
         items = embeddings.validate_texts(texts, truncate, normalize, batch_size)
         if not items:
@@ -252,7 +251,7 @@ class Engine:
         longer than ``max_model_len`` raises :class:`ContextLengthExceededError` naming
         ``documents[i]`` unless ``truncate=True``. Pairs are rendered ``batch_size`` at a time,
         each batch submitted as soon as it is rendered. Works from any event loop. See
-        :mod:`.scoring`.
+        :mod:`vllm_inline.engine.pooling.scoring`.
         """
         docs = scoring.validate_pairs(query, documents, truncate, batch_size)
         if not docs:
@@ -330,7 +329,7 @@ class Engine:
 
     def _run(self, job: Callable[[Runtime], Coroutine[Any, Any, T]], *, instead: str) -> T:
         """Run ``job(runtime)`` on the engine loop and wait for it (``instead``: see
-        :meth:`.bridge.LoopThread.run`); ``KeyboardInterrupt`` cancels it."""
+        :meth:`vllm_inline.engine.loop.bridge.LoopThread.run`); ``KeyboardInterrupt`` cancels it."""
         runtime = self._started()
         return runtime.loop.run(job(runtime), instead=instead)
 
@@ -383,7 +382,7 @@ def shutdown_all() -> None:
 
 def _at_exit() -> None:
     shutdown_all()
-    # Give the heap frozen at start (_vllm.start_engine) back to the last collections: native
+    # Give the heap frozen at start (vllm_engine.start_engine) back to the last collections: native
     # extensions (triton's nanobind bindings) otherwise report their objects leaked at exit.
     gc.unfreeze()
 

@@ -3,7 +3,8 @@
 Every error says what went wrong and what to do about it. Request errors (:class:`BadRequestError`
 and its subclasses) are raised before any work starts and carry the offending ``parameter`` and
 ``value``; the engine keeps serving other requests. vLLM's own exceptions are mapped onto these
-(``_vllm.map_error``, applied by :meth:`.runtime.Runtime.guard`), never leaked raw.
+(``vllm_engine.map_error``, applied by :meth:`vllm_inline.engine.life.runtime.Runtime.guard`), never
+leaked raw.
 """
 
 from __future__ import annotations

@@ -53,7 +53,11 @@ from vllm_inline.engine import (
     EngineUnavailableError,
     get_engine,
 )
-from vllm_inline.engine.openai_format import chunk_from_delta, completion_from_deltas, usage_chunk
+from vllm_inline.engine.stream.openai_format import (
+    chunk_from_delta,
+    completion_from_deltas,
+    usage_chunk,
+)
 
 # OpenAI request fields handed to the engine under the same name and meaning.
 OPENAI_SAMPLING = (

@@ -57,7 +57,7 @@ def _engine_cores() -> set[int]:
                     found.add(int(name))
         except OSError:
             continue
-    # A worker an engine core forks bears its title until it sets its own (engine/_vllm_boot.py).
+    # A worker an engine core forks bears its title until it sets its own (engine/seam/vllm_boot.py).
     return {pid for pid in found if _parent_or_none(pid) not in found}
 
 

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from vllm_inline.engine.bridge import LoopThread, aiter_on, iter_on
-from vllm_inline.engine.window import WINDOW
+from vllm_inline.engine.loop.bridge import LoopThread, aiter_on, iter_on
+from vllm_inline.engine.loop.window import WINDOW
 
 
 class Counting:

@@ -1,6 +1,6 @@
 """A first run reads clean: an engine start, an answer and a shutdown through ``ChatVLLM`` print
 the answer, vLLM's weight-loading progress and nothing else, and nothing is reported as leaked
-at exit. vLLM's start-up noise and how it is silenced: ``engine/_vllm_quiet.py``."""
+at exit. vLLM's start-up noise and how it is silenced: ``engine/seam/vllm_quiet.py``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from launches import Command, Launches, command
 
-from vllm_inline.engine import _vllm_boot, _vllm_quiet
+from vllm_inline.engine.seam import vllm_boot, vllm_quiet
 from vllm_inline.testing import SCENARIOS
 
 # What a first run printed before (issue 30): each must be gone.
@@ -78,19 +78,19 @@ def test_chatvllm_start_answer_shutdown_prints_only_the_answer_and_progress(
 def test_quiet_by_default_and_one_setting_brings_vllms_logs_back(monkeypatch) -> None:
     monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
     monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)
-    environment = _vllm_boot.engine_environment()
+    environment = vllm_boot.engine_environment()
     assert environment["VLLM_LOGGING_LEVEL"] == "ERROR"
     assert environment["TORCH_CPP_LOG_LEVEL"] == "ERROR"
     for verbose in ("WARNING", "INFO", "debug"):
         monkeypatch.setenv("VLLM_LOGGING_LEVEL", verbose)
-        assert not _vllm_quiet.quiet()
-        assert _vllm_quiet.quiet_environment() == {}
+        assert not vllm_quiet.quiet()
+        assert vllm_quiet.quiet_environment() == {}
         # The boot directory stays: the engine's processes still end with this one.
-        assert set(_vllm_boot.engine_environment()) == {"PYTHONPATH", "VLLMINLINE_PARENT_PID"}
+        assert set(vllm_boot.engine_environment()) == {"PYTHONPATH", "VLLMINLINE_PARENT_PID"}
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "CRITICAL")
-    assert _vllm_boot.engine_environment()["VLLM_LOGGING_LEVEL"] == "CRITICAL"
+    assert vllm_boot.engine_environment()["VLLM_LOGGING_LEVEL"] == "CRITICAL"
     monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "INFO")  # the user's own choice stays
-    assert "TORCH_CPP_LOG_LEVEL" not in _vllm_boot.engine_environment()
+    assert "TORCH_CPP_LOG_LEVEL" not in vllm_boot.engine_environment()
 
 
 def test_engine_processes_start_with_the_filters_and_their_own_sitecustomize(
@@ -104,7 +104,7 @@ def test_engine_processes_start_with_the_filters_and_their_own_sitecustomize(
     own.mkdir()
     (own / "sitecustomize.py").write_text("import sys\nsys.own_sitecustomize_ran = True\n")
     monkeypatch.setenv("PYTHONPATH", str(own))
-    environment = _vllm_boot.engine_environment()
+    environment = vllm_boot.engine_environment()
     boot = environment["PYTHONPATH"].split(os.pathsep)[0]
     code = textwrap.dedent(
         f"""
@@ -137,5 +137,5 @@ def test_install_filters_leaves_vllm_alone_at_verbose_levels(monkeypatch) -> Non
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")
     vllm_logger = logging.getLogger("vllm")
     before = vllm_logger.level
-    _vllm_quiet.install_filters()
+    vllm_quiet.install_filters()
     assert vllm_logger.level == before

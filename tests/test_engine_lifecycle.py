@@ -97,7 +97,7 @@ def own_engine_processes() -> list[Any]:
 
 def test_a_running_engine_s_shared_memory_has_no_name_left_to_outlive_it(scripted):
     """The ring buffers between an engine core and its worker are mapped by both, their
-    ``/dev/shm`` names already unlinked (engine/_vllm_boot.py): a kill of every process of the
+    ``/dev/shm`` names already unlinked (engine/seam/vllm_boot.py): a kill of every process of the
     engine at once (Ray's cleanup of a replica, the OOM killer on the engine core) leaves none
     of them behind. Read off ``/proc/<pid>/maps`` of this process's engine processes."""
     scripted("llama3").engine.start()
@@ -118,7 +118,7 @@ def test_a_running_engine_s_shared_memory_has_no_name_left_to_outlive_it(scripte
 
 def test_a_cpu_engine_s_processes_are_forked_and_its_worker_bound_as_vllm_binds_one(scripted):
     """On a CPU neither of an engine's processes is a new interpreter importing torch and vLLM
-    again (engine/_vllm_processes.py, engine/_vllm_boot.py ``fork_workers``): the engine core is
+    again (engine/seam/vllm_processes.py, engine/seam/vllm_boot.py ``fork_workers``): the engine core is
     forked from this process's fork server and the worker from its engine core. Neither runs a
     program of its own: the C library is mapped where its parent has it (a new program gets an
     address of its own: Linux randomises it). Each of the worker's threads runs on the CPUs

@@ -150,8 +150,8 @@ def test_chat_prompts_render_alike_on_and_off_the_loop(scripted, monkeypatch):
     renderer pool (``render.OFFLOAD_CHARS``): the same tokens either way."""
     import importlib
 
-    seam = importlib.import_module("vllm_inline.engine._vllm")
-    render = importlib.import_module("vllm_inline.engine.render")
+    seam = importlib.import_module("vllm_inline.engine.seam.vllm_engine")
+    render = importlib.import_module("vllm_inline.engine.request.render")
     engine = scripted("chatml").engine
     messages = [{"role": "system", "content": "Be brief."}, *USER]
     offloaded = []
@@ -286,7 +286,7 @@ def test_same_model_and_options_give_the_same_engine(scripted):
 
 
 def test_coalesce_joins_a_choices_pending_deltas_only() -> None:
-    from vllm_inline.engine.deltas import Delta, Usage, coalesce
+    from vllm_inline.engine.stream.deltas import Delta, Usage, coalesce
 
     a, b = Delta(text="Hel", token_ids=(1,)), Delta(text="lo", token_ids=(2,))
     end = Delta(text=".", token_ids=(3,), finish_reason="stop", usage=Usage(4, 3))

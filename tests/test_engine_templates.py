@@ -9,8 +9,13 @@ import pytest
 from transformers import AutoTokenizer
 
 from vllm_inline.engine import ChatTemplateError, get_engine
-from vllm_inline.engine.stops import decide_stop_policy
-from vllm_inline.engine.templates import FAMILIES, detect_family, require_template, resolve_chat_template
+from vllm_inline.engine.life.stops import decide_stop_policy
+from vllm_inline.engine.life.templates import (
+    FAMILIES,
+    detect_family,
+    require_template,
+    resolve_chat_template,
+)
 
 USER = [{"role": "user", "content": "hi"}]
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_inline.engine import BadRequestError, VLLMInlineError
-from vllm_inline.engine.messages import ROLES, validate_messages
+from vllm_inline.engine.request.messages import ROLES, validate_messages
 
 pytestmark = pytest.mark.engine
 

@@ -254,7 +254,7 @@ def test_chatvllm_async_local_file_image(vision: Vision) -> None:
 # -- LlamaIndex -----------------------------------------------------------------------------
 
 
-def _vllm(vision: Vision) -> VLLM:
+def vllm_engine(vision: Vision) -> VLLM:
     return VLLM(model=vision.path, vllm_kwargs=vision.vllm_kwargs, max_tokens=MAX_TOKENS, temperature=0)
 
 
@@ -263,7 +263,7 @@ def _image_message(block: ImageBlock) -> list[ChatMessage]:
 
 
 def test_llama_index_stream_chat_and_chat_with_image_blocks(vision: Vision) -> None:
-    llm = _vllm(vision)
+    llm = vllm_engine(vision)
     assert llm.metadata.is_multimodal
     red = _reference_text(vision, "red")
     responses = list(llm.stream_chat(_image_message(ImageBlock(image=_png("red")))))
@@ -275,7 +275,7 @@ def test_llama_index_stream_chat_and_chat_with_image_blocks(vision: Vision) -> N
 
 
 def test_llama_index_async_image_blocks(vision: Vision) -> None:
-    llm = _vllm(vision)
+    llm = vllm_engine(vision)
 
     async def run() -> tuple[str, str]:
         answer = await llm.achat(_image_message(ImageBlock(image=_png("blue"))))
@@ -292,7 +292,7 @@ def test_llama_index_async_image_blocks(vision: Vision) -> None:
 
 def test_llama_index_refuses_a_remote_image_url(vision: Vision) -> None:
     with pytest.raises(BadRequestError) as e:
-        _vllm(vision).chat(_image_message(ImageBlock(url="https://example.com/cat.png")))
+        vllm_engine(vision).chat(_image_message(ImageBlock(url="https://example.com/cat.png")))
     assert e.value.parameter == "messages[0].content[0]"
 
 

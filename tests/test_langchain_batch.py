@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, HumanMessage
+
 from vllm_inline.engine import BadRequestError
 from vllm_inline.integrations.langchain import ChatVLLM
 

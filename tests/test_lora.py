@@ -151,7 +151,7 @@ async def test_bad_adapters_are_typed_errors_and_engine_keeps_serving(lora_setup
 async def test_engine_without_lora_names_the_path(scripted, tmp_path):
     """An engine started without LoRA support refuses an adapter before loading it."""
     from vllm_inline.engine import BadRequestError
-    from vllm_inline.engine.lora import LoRARegistry
+    from vllm_inline.engine.request.lora import LoRARegistry
 
     adapter = tmp_path / "a"
     adapter.mkdir()

@@ -1,4 +1,4 @@
-"""The memory plan of engines started together (:mod:`vllm_inline.engine.memory_plan`): a pure
+"""The memory plan of engines started together (:mod:`vllm_inline.engine.life.memory_plan`): a pure
 function, checked here against the rules it encodes.
 
 The GPU side was derived from vLLM's code and is unit-tested here, not run on a GPU (there is
@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from vllm_inline.engine.errors import InsufficientMemoryError
-from vllm_inline.engine.memory_plan import (
+from vllm_inline.engine.life.memory_plan import (
     GPU_MARGIN,
     GPU_OVERHEAD,
     VLLM_DEFAULT_UTILIZATION,
@@ -37,7 +37,7 @@ from vllm_inline.engine.memory_plan import (
     plan_memory,
     sized_by_user,
 )
-from vllm_inline.engine.platform_defaults import MachineFacts, choose_engine_kwargs
+from vllm_inline.engine.life.platform_defaults import MachineFacts, choose_engine_kwargs
 
 GiB = 2**30
 MiB = 2**20

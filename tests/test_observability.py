@@ -267,7 +267,7 @@ def test_stats_book_keeps_each_engine_core_apart() -> None:
     """Data-parallel engines report per engine core; the snapshot sums them and keeps each."""
     from types import SimpleNamespace
 
-    from vllm_inline.engine.metrics import StatsBook
+    from vllm_inline.engine.life.metrics import StatsBook
 
     def step(running: int, finished: int, kv: float) -> tuple[Any, Any]:
         prefix = SimpleNamespace(queries=10, hits=5)

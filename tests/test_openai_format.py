@@ -1,4 +1,4 @@
-"""Unit tests of the pure converters in ``vllm_inline.engine.openai_format``.
+"""Unit tests of the pure converters in ``vllm_inline.engine.stream.openai_format``.
 
 The chunks and completions are also validated against the official ``openai`` SDK's response
 types, which is what its clients parse them into. The end-to-end proof (a real engine behind a
@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from vllm_inline.engine.deltas import Delta, TokenLogprob, ToolCallDelta, Usage
-from vllm_inline.engine.openai_format import (
+
+from vllm_inline.engine.stream.deltas import Delta, TokenLogprob, ToolCallDelta, Usage
+from vllm_inline.engine.stream.openai_format import (
     __all__ as exported,
 )
-from vllm_inline.engine.openai_format import (
+from vllm_inline.engine.stream.openai_format import (
     chunk_from_delta,
     completion_from_deltas,
     logprobs_dict,

@@ -1,4 +1,4 @@
-"""The watch each engine process runs from its ``sitecustomize`` (engine/_vllm_boot.py): a
+"""The watch each engine process runs from its ``sitecustomize`` (engine/seam/vllm_boot.py): a
 process started by multiprocessing's spawn gets SIGTERM when its parent ends, however the
 parent ended; other processes are left alone; and it ends, once its exit hooks have run,
 without the interpreter's finalization. No engine here (the real engines, killed three ways:
@@ -18,12 +18,12 @@ import psutil
 import pytest
 from processes import clean_up, process_tree, wait_gone
 
-from vllm_inline.engine import _vllm_boot
+from vllm_inline.engine.seam import vllm_boot
 
 PARENT = textwrap.dedent(
     """
     import multiprocessing, os, signal, sys, time
-    from vllm_inline.engine import _vllm_boot
+    from vllm_inline.engine.seam import vllm_boot
 
     def child(marker):
         def on_term(signum, frame):
@@ -35,7 +35,7 @@ PARENT = textwrap.dedent(
 
     if __name__ == "__main__":
         # As an engine start does: the boot environment, set while vLLM spawns.
-        os.environ.update(_vllm_boot.engine_environment())
+        os.environ.update(vllm_boot.engine_environment())
         process = multiprocessing.get_context("spawn").Process(target=child, args=(sys.argv[1],))
         process.start()
         print(process.pid, flush=True)
@@ -73,8 +73,8 @@ def test_a_spawned_child_gets_sigterm_when_its_parent_dies(tmp_path: Path, how: 
 
 
 def test_a_child_orphaned_before_its_watch_began_stops_at_once() -> None:
-    environment = {**os.environ, **_vllm_boot.engine_environment()}
-    environment[_vllm_boot.PARENT_PID_VARIABLE] = "1"  # not the parent it finds
+    environment = {**os.environ, **vllm_boot.engine_environment()}
+    environment[vllm_boot.PARENT_PID_VARIABLE] = "1"  # not the parent it finds
     # "--multiprocessing-fork" marks a process multiprocessing's spawn started.
     child = subprocess.run(
         [sys.executable, "-c", "import time; time.sleep(60)", "--multiprocessing-fork"],
@@ -86,8 +86,8 @@ def test_a_child_orphaned_before_its_watch_began_stops_at_once() -> None:
 def test_other_processes_are_not_watched() -> None:
     """multiprocessing's resource tracker inherits the environment and must outlive the engine
     processes (it releases what they leaked): no watch in a process spawn did not start."""
-    environment = {**os.environ, **_vllm_boot.engine_environment()}
-    environment[_vllm_boot.PARENT_PID_VARIABLE] = "1"
+    environment = {**os.environ, **vllm_boot.engine_environment()}
+    environment[vllm_boot.PARENT_PID_VARIABLE] = "1"
     child = subprocess.run(
         [sys.executable, "-c", "import threading; print(threading.active_count())"],
         env=environment, timeout=30, check=False, capture_output=True, text=True,
@@ -97,16 +97,16 @@ def test_other_processes_are_not_watched() -> None:
 
 @pytest.mark.smoke
 def test_engine_environment_carries_the_boot_directory_and_this_pid() -> None:
-    environment = _vllm_boot.engine_environment()
+    environment = vllm_boot.engine_environment()
     boot = environment["PYTHONPATH"].split(os.pathsep)[0]
     assert (Path(boot) / "sitecustomize.py").is_file()
-    assert environment[_vllm_boot.PARENT_PID_VARIABLE] == str(os.getpid())
+    assert environment[vllm_boot.PARENT_PID_VARIABLE] == str(os.getpid())
 
 
 EXITING = textwrap.dedent(
     """
     import atexit, gc, multiprocessing, os, sys
-    from vllm_inline.engine import _vllm_boot
+    from vllm_inline.engine.seam import vllm_boot
 
     class Cycle:
         def __del__(self, open=open):  # the builtins are gone by the interpreter's last collection
@@ -125,7 +125,7 @@ EXITING = textwrap.dedent(
         sys.exit(3)
 
     if __name__ == "__main__":
-        os.environ.update(_vllm_boot.engine_environment())
+        os.environ.update(vllm_boot.engine_environment())
         for fail in (False, True):
             process = multiprocessing.get_context("spawn").Process(
                 target=child, args=(sys.argv[1], fail)
@@ -177,11 +177,11 @@ FORKING = textwrap.dedent(
         print(context.get_start_method(), process.exitcode, flush=True)
 
     if __name__ == "__main__":
-        from vllm_inline.engine import _vllm_boot
+        from vllm_inline.engine.seam import vllm_boot
 
-        os.environ.update(_vllm_boot.engine_environment(cpu=True))
+        os.environ.update(vllm_boot.engine_environment(cpu=True))
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # as vLLM's CPU platform sets it
-        os.environ[_vllm_boot.PROCESS_START_VARIABLE] = sys.argv[2]
+        os.environ[vllm_boot.PROCESS_START_VARIABLE] = sys.argv[2]
         process = multiprocessing.get_context("spawn").Process(target=engine_core, args=(sys.argv[1],))
         process.start()
         process.join(120)
@@ -215,7 +215,7 @@ def test_an_engine_core_forks_its_workers_bound_as_vllm_binds_spawned_ones(
 
 def test_the_cpus_a_worker_is_bound_to_are_read_as_vllm_writes_them() -> None:
     """``OMPProcessManager.configure_omp_envs`` (vLLM 0.30-0.33) writes one of three forms."""
-    cpus = _vllm_boot.cpus_to_bind
+    cpus = vllm_boot.cpus_to_bind
     assert cpus({"OMP_PLACES": "{0,1,2}", "OMP_PROC_BIND": "true"}) == {0, 1, 2}
     assert cpus({"KMP_AFFINITY": "granularity=fine,explicit,proclist=[4,5]"}) == {4, 5}
     assert cpus({"GOMP_CPU_AFFINITY": "2 3"}) == {2, 3}

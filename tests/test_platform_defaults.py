@@ -11,7 +11,7 @@ from vllm_inline.engine.errors import (
     ModelLoadError,
     ParallelLayoutError,
 )
-from vllm_inline.engine.platform_defaults import (
+from vllm_inline.engine.life.platform_defaults import (
     Choice,
     MachineFacts,
     PlatformDefaults,

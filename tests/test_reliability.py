@@ -37,7 +37,7 @@ from vllm_inline.engine import (
     ModelLoadError,
     get_engine,
 )
-from vllm_inline.engine.templates import require_template, resolve_chat_template
+from vllm_inline.engine.life.templates import require_template, resolve_chat_template
 from vllm_inline.integrations.langchain import ChatVLLM
 from vllm_inline.integrations.llama_index import VLLM
 

@@ -1,5 +1,5 @@
 """The environment an engine start sets while vLLM spawns its processes
-(``_vllm_processes.spawn_environment``): starts that want the same values overlap, one that
+(``vllm_processes.spawn_environment``): starts that want the same values overlap, one that
 wants another value waits, and the caller's environment comes back when the last one ends."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import threading
 import time
 
-from vllm_inline.engine._vllm_processes import spawn_environment
+from vllm_inline.engine.seam.vllm_processes import spawn_environment
 
 NAME = "VLLMINLINE_TEST_SPAWN_VARIABLE"
 

@@ -1,4 +1,4 @@
-"""The vLLM contract (tests/vllm_contract.py) and the version-dependent seams, in every shape.
+"""The vLLM contract (engine/seam/contract.py) and the version-dependent seams, in every shape.
 
 ``make test`` checks the contract against the installed vLLM, imported and parsed; ``make
 test-compat`` also against the sources named by ``VLLMINLINE_VLLM_SOURCES`` (vLLM 0.33, which
@@ -22,8 +22,8 @@ from vllm_inline.engine import (
     EngineDeadError,
     GenerationFailedError,
 )
-from vllm_inline.engine.sampling import final_sampling
-from vllm_inline.engine.versions import (
+from vllm_inline.engine.request.sampling import final_sampling
+from vllm_inline.engine.seam.versions import (
     CHECKED_FROM_SOURCES,
     RUN_ON_CPU,
     SUPPORTED_RANGE,
@@ -32,7 +32,7 @@ from vllm_inline.engine.versions import (
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIRS = ("engine", "integrations", "vllm_inline")
-SEAM = sorted((ROOT / "engine").glob("_vllm*.py"))
+SEAM = sorted((ROOT / "engine" / "seam").glob("*.py"))
 EXCEPTION_MODULES = ("vllm.exceptions", "vllm.v1.engine.exceptions")
 
 
@@ -83,15 +83,15 @@ def test_contract_lists_every_import_of_the_seam():
         for path, module, name in seam_imports(SEAM)
         if (module, name) not in listed
     ]
-    assert missing == [], "add these to tests/vllm_contract.py's CONTRACT"
+    assert missing == [], "add these to engine/seam/contract.py's CONTRACT"
 
 
 def test_no_vllm_import_outside_the_seam():
-    """Every vLLM name the package touches goes through engine/_vllm*.py."""
+    """Every vLLM name the package touches goes through engine/seam/."""
     offenders = []
     for folder in PACKAGE_DIRS:
         for path in sorted((ROOT / folder).rglob("*.py")):
-            if path.parent.name == "engine" and path.name.startswith("_vllm"):
+            if path.parent == ROOT / "engine" / "seam":
                 continue
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 names = []
@@ -110,21 +110,21 @@ def test_no_vllm_import_outside_the_seam():
 def test_every_installed_vllm_exception_has_a_typed_error():
     import importlib
 
-    from vllm_inline.engine import _vllm
+    from vllm_inline.engine.seam import vllm_engine
 
     unmapped = []
     for name in EXCEPTION_MODULES:
         module = importlib.import_module(name)
         for value in vars(module).values():
             if (isinstance(value, type) and issubclass(value, BaseException)
-                    and value.__module__ == name and _vllm.error_kind(value) is None):
+                    and value.__module__ == name and vllm_engine.error_kind(value) is None):
                 unmapped.append(f"{name}.{value.__name__}")
     assert unmapped == []
 
 
 @pytest.mark.parametrize("root", _source_roots(), ids=lambda p: p.name)
 def test_every_vllm_exception_in_sources_has_a_typed_error(root):
-    from vllm_inline.engine._vllm import VLLM_ERROR_KINDS
+    from vllm_inline.engine.seam.vllm_engine import VLLM_ERROR_KINDS
 
     bases: dict[str, list[str]] = {}
     for name in EXCEPTION_MODULES:
@@ -148,7 +148,7 @@ def _standin(name: str, *bases: type, module: str = "vllm.exceptions") -> type:
 
 
 def test_vllm_033_exception_shapes_map_to_typed_errors():
-    from vllm_inline.engine import _vllm
+    from vllm_inline.engine.seam import vllm_engine
 
     vllm_error = _standin("VLLMError")
     server = _standin("VLLMServerError", vllm_error)
@@ -158,28 +158,28 @@ def test_vllm_033_exception_shapes_map_to_typed_errors():
     resolution = _standin("ChatTemplateResolutionError", client)
     dead = _standin("EngineDeadError", server, module="vllm.v1.engine.exceptions")
 
-    assert isinstance(_vllm.map_error(retryable("paused"), "m"), EngineBusyError)
-    failed = _vllm.map_error(generation("KV load failed"), "m")
+    assert isinstance(vllm_engine.map_error(retryable("paused"), "m"), EngineBusyError)
+    failed = vllm_engine.map_error(generation("KV load failed"), "m")
     assert isinstance(failed, GenerationFailedError) and "KV load failed" in str(failed)
-    bad = _vllm.map_error(resolution("no template"), "m")
+    bad = vllm_engine.map_error(resolution("no template"), "m")
     assert isinstance(bad, BadRequestError) and "no template" in str(bad)
-    assert isinstance(_vllm.map_error(dead(), "m"), EngineDeadError)
-    assert isinstance(_vllm.map_error(_standin("SomethingNew", server)("x"), "m"),
+    assert isinstance(vllm_engine.map_error(dead(), "m"), EngineDeadError)
+    assert isinstance(vllm_engine.map_error(_standin("SomethingNew", server)("x"), "m"),
                       GenerationFailedError)
     # Not vLLM's: not mapped, re-raised as is.
-    assert _vllm.map_error(_standin("GenerationError", module="elsewhere")("x"), "m") is None
+    assert vllm_engine.map_error(_standin("GenerationError", module="elsewhere")("x"), "m") is None
 
 
 def test_installed_vllm_exceptions_map_to_typed_errors():
     from vllm.exceptions import GenerationError, VLLMValidationError
 
-    from vllm_inline.engine import _vllm
+    from vllm_inline.engine.seam import vllm_engine
 
-    bad = _vllm.map_error(VLLMValidationError("temperature is bad", parameter="temperature",
+    bad = vllm_engine.map_error(VLLMValidationError("temperature is bad", parameter="temperature",
                                               value=9), "m")
     assert isinstance(bad, BadRequestError) and (bad.parameter, bad.value) == ("temperature", 9)
-    assert isinstance(_vllm.map_error(GenerationError("boom"), "m"), GenerationFailedError)
-    assert _vllm.map_error(KeyError("x"), "m") is None
+    assert isinstance(vllm_engine.map_error(GenerationError("boom"), "m"), GenerationFailedError)
+    assert vllm_engine.map_error(KeyError("x"), "m") is None
 
 
 # -- skip_special_tokens: the parser's need, the model's default, the caller's value -----------
@@ -191,7 +191,7 @@ def test_installed_vllm_exceptions_map_to_typed_errors():
     (False, False),  # either: a parser that reads special tokens set it to False
 ])
 def test_parser_requirement_reads_the_same_in_both_shapes(field, needs):
-    from vllm_inline.engine._vllm_parsing import required_skip_special_tokens
+    from vllm_inline.engine.seam.vllm_parsing import required_skip_special_tokens
 
     assert required_skip_special_tokens(types.SimpleNamespace(skip_special_tokens=field)) is needs
 
@@ -219,7 +219,7 @@ def test_no_requirement_leaves_the_models_default_or_vllms():
 
 
 def test_set_prompt_token_ids_on_parsers_with_and_without_it():
-    from vllm_inline.engine._vllm_parsing import set_prompt_token_ids
+    from vllm_inline.engine.seam.vllm_parsing import set_prompt_token_ids
 
     seen = []
     set_prompt_token_ids(types.SimpleNamespace(set_prompt_token_ids=seen.append), (1, 2))
@@ -255,20 +255,20 @@ def test_pyproject_and_docs_state_the_same_range():
 
 
 def test_installed_vllm_is_in_the_range():
-    from vllm_inline.engine.versions import installed_vllm
+    from vllm_inline.engine.seam.versions import installed_vllm
 
     found = installed_vllm()
     assert found is not None and support_status(found[1]) == "tested", found
 
 
 def test_engine_start_warns_once_outside_the_range(monkeypatch, caplog):
-    from vllm_inline.engine import _vllm
+    from vllm_inline.engine.seam import vllm_engine
 
-    monkeypatch.setattr(_vllm, "installed_vllm", lambda: ("vllm", "0.34.1"))
-    monkeypatch.setattr(_vllm, "_warned_unsupported", False)
+    monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: ("vllm", "0.34.1"))
+    monkeypatch.setattr(vllm_engine, "_warned_unsupported", False)
     with caplog.at_level("WARNING", logger="vllm_inline"):
-        _vllm._warn_if_unsupported()
-        _vllm._warn_if_unsupported()
+        vllm_engine._warn_if_unsupported()
+        vllm_engine._warn_if_unsupported()
     warnings = [r.getMessage() for r in caplog.records if r.name == "vllm_inline"]
     assert len(warnings) == 1
     assert "vllm 0.34.1" in warnings[0] and "0.30.0 to 0.33.0" in warnings[0]

@@ -18,10 +18,10 @@ from .check_report import Report, Row, shorten
 from .check_tools import add_tool_rows, rendered
 from .engine import Engine, get_engine
 from .engine.errors import VLLMInlineError
-from .engine.parsing import DEFAULT_TOOL_PARSERS
-from .engine.sampling import DEFAULTS
-from .engine.templates import detect_family
-from .engine.versions import installed_vllm, range_text, support_status
+from .engine.life.templates import detect_family
+from .engine.request.sampling import DEFAULTS
+from .engine.seam.versions import installed_vllm, range_text, support_status
+from .engine.stream.parsing import DEFAULT_TOOL_PARSERS
 from .parity import add_parity_rows
 
 __all__ = ["CONVERSATION", "Report", "Row", "run_check"]

@@ -202,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)")
     args = parser.parse_args(argv)
     if args.verbose:
-        # The engine keeps vLLM at ERROR unless this is set (vllm_inline/engine/_vllm_quiet.py).
+        # The engine keeps vLLM at ERROR unless this is set (vllm_inline/engine/seam/vllm_quiet.py).
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     if args.command == "check":
         return check(args.model, args.vllm_kwargs, args.tool_parser, args.max_tokens)

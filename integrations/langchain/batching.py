@@ -240,7 +240,7 @@ class BatchAtOnce:
 
 async def _cancel(tasks: list[asyncio.Future[Any]]) -> None:
     """Cancel the tasks still running and wait until they have ended: each one's stream then
-    has aborted its engine request (see ``vllm_inline.engine.bridge``)."""
+    has aborted its engine request (see ``vllm_inline.engine.loop.bridge``)."""
     pending = [t for t in tasks if not t.done()]
     for task in pending:
         task.cancel()

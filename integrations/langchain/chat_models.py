@@ -39,8 +39,8 @@ from pydantic import ConfigDict, Field, model_validator
 from typing_extensions import Self
 
 from vllm_inline.engine import BadRequestError, Engine, get_engine
-from vllm_inline.engine.messages import validate_tool_choice
-from vllm_inline.engine.sampling import check_sampling
+from vllm_inline.engine.request.messages import validate_tool_choice
+from vllm_inline.engine.request.sampling import check_sampling
 
 from .batching import BatchAtOnce
 from .convert import convert_message_to_dict, delta_to_generation_chunk, request_kwargs

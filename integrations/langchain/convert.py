@@ -45,7 +45,7 @@ _SKIPPED_AI_BLOCKS = frozenset(
 )
 
 
-# Roles whose messages may carry images (as in the engine: see vllm_inline.engine.images).
+# Roles whose messages may carry images (as in the engine: see vllm_inline.engine.request.images).
 _IMAGE_ROLES = frozenset({"user", "tool"})
 
 

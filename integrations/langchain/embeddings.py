@@ -18,7 +18,7 @@ from langchain_core.embeddings import Embeddings
 from pydantic import BaseModel, ConfigDict, Field
 
 from vllm_inline.engine import Engine, get_engine
-from vllm_inline.engine.embeddings import DEFAULT_BATCH_SIZE, check_embed_options
+from vllm_inline.engine.pooling.embeddings import DEFAULT_BATCH_SIZE, check_embed_options
 
 __all__ = ["VLLMEmbeddings"]
 

@@ -20,7 +20,7 @@ from langchain_core.documents import BaseDocumentCompressor, Document
 from pydantic import ConfigDict, Field
 
 from vllm_inline.engine import BadRequestError, Engine, get_engine
-from vllm_inline.engine.scoring import DEFAULT_BATCH_SIZE, check_score_options, check_top_n
+from vllm_inline.engine.pooling.scoring import DEFAULT_BATCH_SIZE, check_score_options, check_top_n
 
 __all__ = ["VLLMRerank"]
 

@@ -36,7 +36,7 @@ from llama_index.core.prompts import PromptTemplate
 from llama_index.core.types import Model, PydanticProgramMode
 
 from vllm_inline.engine import BadRequestError, Engine, get_engine
-from vllm_inline.engine.sampling import DEFAULTS, check_sampling, layer_sampling
+from vllm_inline.engine.request.sampling import DEFAULTS, check_sampling, layer_sampling
 
 from .utils import (
     MultimodalLLMMetadata,

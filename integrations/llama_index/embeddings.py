@@ -17,7 +17,7 @@ from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.bridge.pydantic import Field
 
 from vllm_inline.engine import Engine, get_engine
-from vllm_inline.engine.embeddings import DEFAULT_BATCH_SIZE, check_embed_options
+from vllm_inline.engine.pooling.embeddings import DEFAULT_BATCH_SIZE, check_embed_options
 
 __all__ = ["VLLMEmbedding"]
 

@@ -21,7 +21,7 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
 from vllm_inline.engine import BadRequestError, Engine, get_engine
-from vllm_inline.engine.scoring import DEFAULT_BATCH_SIZE, check_score_options, check_top_n
+from vllm_inline.engine.pooling.scoring import DEFAULT_BATCH_SIZE, check_score_options, check_top_n
 
 __all__ = ["VLLMRerank"]
 

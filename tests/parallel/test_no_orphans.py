@@ -1,4 +1,4 @@
-"""Engines die with the app, however it stops (engine/_vllm_boot.py).
+"""Engines die with the app, however it stops (engine/seam/vllm_boot.py).
 
 An app holds engines, answers once, and is stopped the way services and notebooks are
 stopped: SIGTERM with Python's default handler (``kill``, ``docker stop``, ``systemctl stop``),
@@ -72,7 +72,7 @@ APP = textwrap.dedent(
 
 NO_NAMED_SHM = "the engine's processes hold nothing with a name in /dev/shm"
 """What a forked worker leaves named in ``/dev/shm`` while its engine runs: nothing. The ring
-buffers between the engine's processes lose their names once attached (engine/_vllm_boot.py)
+buffers between the engine's processes lose their names once attached (engine/seam/vllm_boot.py)
 and the lock an engine core shares with a forked worker is a semaphore multiprocessing unlinks
 at once (a spawned worker's keeps its name until it is released; tensor-parallel ranks share
 vLLM's CPU communicator's named segments)."""

@@ -102,7 +102,7 @@ def engine_core_among(processes: dict[int, str], parents: dict[int, int]) -> boo
     vLLM retitles an engine core "VLLM::EngineCore", but the title may not have reached
     /proc/<pid>/cmdline when it is read (Serve restarting a replica on a loaded host); until then
     the core has the command line it started with: a spawned child's, or that of the fork server
-    it was forked from (``engine/_vllm_processes.py``), whose child it is.
+    it was forked from (``engine/seam/vllm_processes.py``), whose child it is.
     """
     server = "multiprocessing.forkserver import main"
     return any(
@@ -248,9 +248,9 @@ def test_a_replica_killed_by_ray_leaves_nothing_and_serve_replaces_it(
     new replica, which answers.
 
     Ray kills a dead worker's process group; the engine's processes and the resource tracker
-    lead groups of their own (engine/_vllm_boot.py) and stop on their own. One ring buffer per
+    lead groups of their own (engine/seam/vllm_boot.py) and stop on their own. One ring buffer per
     replica was still left in ``/dev/shm`` until the engine's processes unlinked their names
-    once every reader had attached (engine/_vllm_boot.py). Entries left anyway are removed by
+    once every reader had attached (engine/seam/vllm_boot.py). Entries left anyway are removed by
     name before the test fails, so a failure leaves nothing either."""
     replica = stats(cluster)["replica"]
     name = next(

@@ -133,8 +133,15 @@ def build_scripted_model(
 
 def _build_tokenizer(sc: Scenario) -> Any:
     """Byte-level BPE trained on a tiny corpus, plus special and script tokens."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
-    from tokenizers import trainers
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     fam = FAMILIES[sc.family]
     tok = Tokenizer(models.BPE())
