@@ -11,7 +11,7 @@ BENCH_ARGS ?=
 BULK_ARGS ?=
 RAG_ARGS ?=
 
-.PHONY: install test test-fast test-random test-wheel test-parallel test-real test-compat demo check bench bench-compare clean
+.PHONY: install lint test test-fast test-random test-wheel test-parallel test-real test-compat demo check bench bench-compare clean
 
 install: $(STAMP)
 
@@ -32,6 +32,11 @@ $(STAMP): pyproject.toml Makefile
 	@$(PY) -m pip check | grep -vE "$(KNOWN_CONFLICTS)" || true
 	$(PY) -c "import vllm_inline.integrations.langchain, vllm_inline.integrations.llama_index"
 	touch $(STAMP)
+
+# ruff (lint and format) on the whole tree, at the version the `test` extra pins.
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 # One process by default. TEST_WORKERS=2: two pytest-xdist workers, the tests on the shared
 # engines on one, those that start processes or engines of their own on the other

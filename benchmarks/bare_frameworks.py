@@ -55,9 +55,14 @@ class BareChatModel(BaseChatModel):
         async for delta in self.engine.astream(wire, stream=False, **kwargs):
             text += delta.text
             usage = delta.usage or usage
-        message = AIMessage(content=text, usage_metadata=UsageMetadata(
-            input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens,
-            total_tokens=usage.prompt_tokens + usage.completion_tokens))
+        message = AIMessage(
+            content=text,
+            usage_metadata=UsageMetadata(
+                input_tokens=usage.prompt_tokens,
+                output_tokens=usage.completion_tokens,
+                total_tokens=usage.prompt_tokens + usage.completion_tokens,
+            ),
+        )
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     async def _astream(
@@ -107,8 +112,10 @@ class BareLLM(LLM):
         async for delta in self.engine.astream(wire, stream=False, **kwargs):
             text += delta.text
             tokens += len(delta.token_ids)
-        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text),
-                            additional_kwargs={"completion_tokens": tokens})
+        return ChatResponse(
+            message=ChatMessage(role=MessageRole.ASSISTANT, content=text),
+            additional_kwargs={"completion_tokens": tokens},
+        )
 
     chat = complete = stream_chat = stream_complete = _unused
     acomplete = astream_complete = _unused

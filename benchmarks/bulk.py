@@ -160,7 +160,7 @@ class Reference:
         assert self._proc.stdout is not None
         for line in self._proc.stdout:
             if line.startswith(prefix):
-                return line[len(prefix):]
+                return line[len(prefix) :]
         raise RuntimeError(f"the vllm.LLM.chat child exited (rc {self._proc.wait()})")
 
     def run(self, n: int) -> tuple[float, float]:
@@ -219,7 +219,9 @@ def _raw_gather(model: str, tokens: int, options: dict[str, Any]) -> Callable[[i
             return await asyncio.gather(*(one(c) for c in convs[:n]))
 
         if not checked:  # the first call is the warm-up: same prompt as the engine renders
-            text = tokenizer.apply_chat_template(convs[0], add_generation_prompt=True, tokenize=False)
+            text = tokenizer.apply_chat_template(
+                convs[0], add_generation_prompt=True, tokenize=False
+            )
             mine = tokenizer.encode(text, add_special_tokens=False)
             assert mine == engine.prompt_token_ids(convs[0]), "the baseline renders otherwise"
             checked.append(True)
@@ -249,7 +251,9 @@ def _engine_gather(model: str, tokens: int, options: dict[str, Any]) -> Callable
     return run
 
 
-def inline_paths(model: str, tokens: int, options: dict[str, Any]) -> dict[str, Callable[[int], int]]:
+def inline_paths(
+    model: str, tokens: int, options: dict[str, Any]
+) -> dict[str, Callable[[int], int]]:
     """Name -> ``run(n)`` returning the tokens generated for the first ``n`` prompts."""
     from langchain_core.runnables import Runnable
     from llama_index.core.base.llms.types import ChatMessage
@@ -289,7 +293,9 @@ def inline_paths(model: str, tokens: int, options: dict[str, Any]) -> dict[str, 
     }
 
 
-def extractor_paths(model: str, tokens: int, options: dict[str, Any]) -> dict[str, Callable[[int], int]]:
+def extractor_paths(
+    model: str, tokens: int, options: dict[str, Any]
+) -> dict[str, Callable[[int], int]]:
     """``QuestionsAnsweredExtractor.extract`` over n nodes, default workers and all at once."""
     from llama_index.core.extractors import QuestionsAnsweredExtractor
     from llama_index.core.schema import TextNode
@@ -297,9 +303,14 @@ def extractor_paths(model: str, tokens: int, options: dict[str, Any]) -> dict[st
     from vllm_inline.integrations.llama_index import VLLM
 
     kw = sampling(tokens)
-    llm = VLLM(model=model, vllm_kwargs=options, max_tokens=kw.pop("max_tokens"),
-               temperature=kw.pop("temperature"), repetition_penalty=kw.pop("repetition_penalty"),
-               additional_kwargs=kw)
+    llm = VLLM(
+        model=model,
+        vllm_kwargs=options,
+        max_tokens=kw.pop("max_tokens"),
+        temperature=kw.pop("temperature"),
+        repetition_penalty=kw.pop("repetition_penalty"),
+        additional_kwargs=kw,
+    )
     nodes = [TextNode(text=p) for p in prompts(MAX_INPUTS)]
 
     def run(workers: int | None) -> Callable[[int], int]:
@@ -348,10 +359,12 @@ def measure_inline(
     names = list(paths)
     try:
         for rep in range(repeats):
-            order = names[rep % len(names):] + names[:rep % len(names)]
+            order = names[rep % len(names) :] + names[: rep % len(names)]
             for n in sizes:
                 for name in order:
-                    if n > 256 and name.startswith(("Runnable.batch", "QuestionsAnsweredExtractor")):
+                    if n > 256 and name.startswith(
+                        ("Runnable.batch", "QuestionsAnsweredExtractor")
+                    ):
                         continue  # 6 or 4 requests at a time: minutes at 1,024 inputs
                     reference_first = len(rows) % 2 == 0
                     if reference_first:
@@ -369,14 +382,24 @@ def measure_inline(
                     else:
                         assert result == n * tokens, (name, result, n * tokens)
                         tps, cpu_ms = result / wall, 1000 * used / n
-                    rows.append({"path": name, "n": n, "rep": rep, "tok_s": tps,
-                                 "client_cpu_ms_per_input": cpu_ms,
-                                 "reference_tok_s": ref_tok_s,
-                                 "reference_client_cpu_ms_per_input": ref_cpu,
-                                 "reference_first": reference_first, "ratio": tps / ref_tok_s})
-                    log(f"  {name:<42} n={n:<5} rep {rep}: {tps:8.0f} tok/s, client CPU "
+                    rows.append(
+                        {
+                            "path": name,
+                            "n": n,
+                            "rep": rep,
+                            "tok_s": tps,
+                            "client_cpu_ms_per_input": cpu_ms,
+                            "reference_tok_s": ref_tok_s,
+                            "reference_client_cpu_ms_per_input": ref_cpu,
+                            "reference_first": reference_first,
+                            "ratio": tps / ref_tok_s,
+                        }
+                    )
+                    log(
+                        f"  {name:<42} n={n:<5} rep {rep}: {tps:8.0f} tok/s, client CPU "
                         f"{cpu_ms:.2f} ms/input; vllm.LLM.chat {ref_tok_s:8.0f} tok/s "
-                        f"({'before' if reference_first else 'after'}): {tps / ref_tok_s:.2f}x")
+                        f"({'before' if reference_first else 'after'}): {tps / ref_tok_s:.2f}x"
+                    )
     finally:
         engine.shutdown()
     return rows
@@ -385,9 +408,14 @@ def measure_inline(
 BASELINE = "AsyncLLM.generate gather (baseline)"
 """vLLM's own async engine gathered over the N conversations: the in-process limit."""
 
-AGAINST_PATHS = ("ChatVLLM.batch", "ChatVLLM.abatch", "LlamaIndex gather(achat)",
-                 "Engine.astream gather (baseline)", "bare LangChain abatch (baseline)",
-                 "bare LlamaIndex gather(achat) (baseline)")
+AGAINST_PATHS = (
+    "ChatVLLM.batch",
+    "ChatVLLM.abatch",
+    "LlamaIndex gather(achat)",
+    "Engine.astream gather (baseline)",
+    "bare LangChain abatch (baseline)",
+    "bare LlamaIndex gather(achat) (baseline)",
+)
 """The paths ``--against asyncllm`` measures (each paired with ``BASELINE``). The bare ones
 (``bare_frameworks.py``) are the frameworks' own per-run work around ``Engine.astream``: what
 ``ChatVLLM`` and ``VLLM`` cost beyond them is ours."""
@@ -416,8 +444,11 @@ def bare_paths(model: str, tokens: int, options: dict[str, Any]) -> dict[str, Ca
 
         return sum(int(r.additional_kwargs["completion_tokens"]) for r in asyncio.run(go()))
 
-    return {"bare LangChain abatch (baseline)": lc_abatch,
-            "bare LlamaIndex gather(achat) (baseline)": li_gather}
+    return {
+        "bare LangChain abatch (baseline)": lc_abatch,
+        "bare LlamaIndex gather(achat) (baseline)": li_gather,
+    }
+
 
 CPU_TARGET = 1.5
 """Each bulk path's client CPU per input against ``BASELINE``'s, paired."""
@@ -434,8 +465,10 @@ def measure_against_baseline(
 
     log("vllm-inline: starting the engine")
     engine = get_engine(model, **ENGINE_OPTIONS).start()
-    every = {**inline_paths(model, tokens, ENGINE_OPTIONS),
-             **bare_paths(model, tokens, ENGINE_OPTIONS)}
+    every = {
+        **inline_paths(model, tokens, ENGINE_OPTIONS),
+        **bare_paths(model, tokens, ENGINE_OPTIONS),
+    }
     baseline = every[BASELINE]
     paths = {k: every[k] for k in AGAINST_PATHS if not any(s in k for s in skip)}
     paths = {BASELINE + " A/A": baseline, **paths}
@@ -461,7 +494,7 @@ def measure_against_baseline(
     names = list(paths)
     try:
         for rep in range(repeats):
-            order = names[rep % len(names):] + names[:rep % len(names)]
+            order = names[rep % len(names) :] + names[: rep % len(names)]
             for n in sizes:
                 for name in order:
                     baseline_first = len(rows) % 2 == 0
@@ -470,15 +503,26 @@ def measure_against_baseline(
                     tps, cpu_ms = timed(paths[name], n)
                     if not baseline_first:
                         ref = timed(baseline, n)
-                    rows.append({"path": name, "n": n, "rep": rep, "tok_s": tps,
-                                 "client_cpu_ms_per_input": cpu_ms, "reference_tok_s": ref[0],
-                                 "reference_client_cpu_ms_per_input": ref[1],
-                                 "reference_first": baseline_first, "ratio": tps / ref[0],
-                                 "cpu_ratio": cpu_ms / ref[1]})
-                    log(f"  {name:<42} n={n:<5} rep {rep}: {tps:8.0f} tok/s, client CPU "
+                    rows.append(
+                        {
+                            "path": name,
+                            "n": n,
+                            "rep": rep,
+                            "tok_s": tps,
+                            "client_cpu_ms_per_input": cpu_ms,
+                            "reference_tok_s": ref[0],
+                            "reference_client_cpu_ms_per_input": ref[1],
+                            "reference_first": baseline_first,
+                            "ratio": tps / ref[0],
+                            "cpu_ratio": cpu_ms / ref[1],
+                        }
+                    )
+                    log(
+                        f"  {name:<42} n={n:<5} rep {rep}: {tps:8.0f} tok/s, client CPU "
                         f"{cpu_ms:.2f} ms/input; baseline {ref[0]:8.0f} tok/s, {ref[1]:.2f} "
                         f"ms/input ({'before' if baseline_first else 'after'}): "
-                        f"{tps / ref[0]:.2f}x tok/s, {cpu_ms / ref[1]:.2f}x CPU")
+                        f"{tps / ref[0]:.2f}x tok/s, {cpu_ms / ref[1]:.2f}x CPU"
+                    )
     finally:
         engine.shutdown()
     return rows
@@ -488,23 +532,33 @@ PAUSE_S = 0.3
 """Pause before each run of ``--against asyncllm`` (one engine: no other engine spins)."""
 
 
-def reference_lines(rows: list[dict[str, Any]], sizes: list[int], label: str, stat_name: str,
-                    stat: Callable[[list[float]], float]) -> list[str]:
+def reference_lines(
+    rows: list[dict[str, Any]],
+    sizes: list[int],
+    label: str,
+    stat_name: str,
+    stat: Callable[[list[float]], float],
+) -> list[str]:
     """One line per size: the reference runs' tok/s range and their client CPU per input."""
     lines = []
     for n in sizes:
         ref = [r["reference_tok_s"] for r in rows if r["n"] == n]
         ref_cpu = [r["reference_client_cpu_ms_per_input"] for r in rows if r["n"] == n]
-        lines.append(f"{label:<42} n={n:<5} {min(ref):6.0f}-{max(ref):.0f} tok/s over "
-                     f"{len(ref)} runs; client CPU {stat_name} {stat(ref_cpu):.2f} ms/input")
+        lines.append(
+            f"{label:<42} n={n:<5} {min(ref):6.0f}-{max(ref):.0f} tok/s over "
+            f"{len(ref)} runs; client CPU {stat_name} {stat(ref_cpu):.2f} ms/input"
+        )
     return lines
 
 
-def against_baseline_report(rows: list[dict[str, Any]], sizes: list[int], elapsed: float,
-                            repeats: int) -> tuple[list[str], list[dict[str, Any]]]:
-    title = (f"\n== bulk against {BASELINE} on the same engine ({repeats} repeats, each run "
-             f"paired with a baseline run next to it; median of the paired ratios; "
-             f"{elapsed / 60:.1f} min) ==")
+def against_baseline_report(
+    rows: list[dict[str, Any]], sizes: list[int], elapsed: float, repeats: int
+) -> tuple[list[str], list[dict[str, Any]]]:
+    title = (
+        f"\n== bulk against {BASELINE} on the same engine ({repeats} repeats, each run "
+        f"paired with a baseline run next to it; median of the paired ratios; "
+        f"{elapsed / 60:.1f} min) =="
+    )
     lines = [title, *reference_lines(rows, sizes, "baseline", "median", statistics.median)]
     summary = []
     for name in dict.fromkeys(r["path"] for r in rows):
@@ -519,14 +573,25 @@ def against_baseline_report(rows: list[dict[str, Any]], sizes: list[int], elapse
             if "(baseline)" in name or name.endswith("A/A"):
                 verdict = "(not ours: for reading the others)"
             else:
-                verdict = (f"[tok/s >={TARGET}x: {'PASS' if median >= TARGET else 'MISS'}; "
-                           f"CPU <={CPU_TARGET}x: {'PASS' if cpu_median <= CPU_TARGET else 'MISS'}]")
-            lines.append(f"{name:<42} n={n:<5} {median:.2f}x tok/s ({min(ratios):.2f}-"
-                         f"{max(ratios):.2f}), client CPU {cpu:.2f} ms/input = {cpu_median:.2f}x "
-                         f"({min(cpu_ratios):.2f}-{max(cpu_ratios):.2f})  {verdict}")
-            summary.append({"path": name, "n": n, "median_ratio": median,
-                            "median_cpu_ratio": cpu_median, "client_cpu_ms_per_input": cpu,
-                            "best_tok_s": max(r["tok_s"] for r in mine)})
+                verdict = (
+                    f"[tok/s >={TARGET}x: {'PASS' if median >= TARGET else 'MISS'}; "
+                    f"CPU <={CPU_TARGET}x: {'PASS' if cpu_median <= CPU_TARGET else 'MISS'}]"
+                )
+            lines.append(
+                f"{name:<42} n={n:<5} {median:.2f}x tok/s ({min(ratios):.2f}-"
+                f"{max(ratios):.2f}), client CPU {cpu:.2f} ms/input = {cpu_median:.2f}x "
+                f"({min(cpu_ratios):.2f}-{max(cpu_ratios):.2f})  {verdict}"
+            )
+            summary.append(
+                {
+                    "path": name,
+                    "n": n,
+                    "median_ratio": median,
+                    "median_cpu_ratio": cpu_median,
+                    "client_cpu_ms_per_input": cpu,
+                    "best_tok_s": max(r["tok_s"] for r in mine),
+                }
+            )
     return lines, summary
 
 
@@ -536,21 +601,40 @@ def against_baseline_report(rows: list[dict[str, Any]], sizes: list[int], elapse
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny", help="a models.SPECS name: " + ", ".join(SPECS))
-    ap.add_argument("--against", choices=["asyncllm", "llm"], default="asyncllm",
-                    help="the reference: vLLM's AsyncLLM.generate gathered on the same engine "
-                    "(the in-process limit; default) or vllm.LLM.chat in a child process")
-    ap.add_argument("--sizes", default=None, help="inputs per call (default: 256,1024 against "
-                    "asyncllm, 16,256,1024 against llm)")
+    ap.add_argument(
+        "--against",
+        choices=["asyncllm", "llm"],
+        default="asyncllm",
+        help="the reference: vLLM's AsyncLLM.generate gathered on the same engine "
+        "(the in-process limit; default) or vllm.LLM.chat in a child process",
+    )
+    ap.add_argument(
+        "--sizes",
+        default=None,
+        help="inputs per call (default: 256,1024 against asyncllm, 16,256,1024 against llm)",
+    )
     ap.add_argument("--tokens", type=int, default=32, help="generated tokens per input")
-    ap.add_argument("--repeats", type=int, default=None,
-                    help="rounds over every path (default: 5 against asyncllm, 3 against llm)")
-    ap.add_argument("--skip", default="", help="skip paths whose name contains these (comma-separated)")
-    ap.add_argument("--stats", choices=["on", "off", "both"], default="both",
-                    help="--against llm: vllm-inline engine with vLLM's stats (the default "
-                    "engine), with disable_log_stats=True (as vllm.LLM), or both, one after the other")
-    ap.add_argument("--no-aa", action="store_true",
-                    help="--against llm: do not measure vllm.LLM.chat against a second engine "
-                    "of its own (A/A)")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="rounds over every path (default: 5 against asyncllm, 3 against llm)",
+    )
+    ap.add_argument(
+        "--skip", default="", help="skip paths whose name contains these (comma-separated)"
+    )
+    ap.add_argument(
+        "--stats",
+        choices=["on", "off", "both"],
+        default="both",
+        help="--against llm: vllm-inline engine with vLLM's stats (the default "
+        "engine), with disable_log_stats=True (as vllm.LLM), or both, one after the other",
+    )
+    ap.add_argument(
+        "--no-aa",
+        action="store_true",
+        help="--against llm: do not measure vllm.LLM.chat against a second engine of its own (A/A)",
+    )
     ap.add_argument("--quick", action="store_true", help="sizes 16,128, 16 tokens, 1 repeat")
     ap.add_argument("--out", type=pathlib.Path, default=HERE / "results")
     ap.add_argument("--reference-child", metavar="MODEL", help=argparse.SUPPRESS)
@@ -575,8 +659,9 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     try:
         for stats_off in {"on": [False], "off": [True], "both": [False, True]}[args.stats]:
-            rows += measure_inline(model, sizes, args.tokens, args.repeats, skip, stats_off,
-                                   reference, twin)
+            rows += measure_inline(
+                model, sizes, args.tokens, args.repeats, skip, stats_off, reference, twin
+            )
             if twin is not None:  # once is enough: it does not depend on our engine's options
                 twin.close()
                 twin = None
@@ -586,9 +671,11 @@ def main(argv: list[str] | None = None) -> int:
             twin.close()
     elapsed = time.perf_counter() - started
 
-    title = (f"\n== bulk: {args.model}, {args.tokens} tokens per input, {args.repeats} "
-             f"repeats; each run paired with a vllm.LLM.chat run next to it; the verdict is on "
-             f"the median of the paired ratios ({elapsed / 60:.1f} min) ==")
+    title = (
+        f"\n== bulk: {args.model}, {args.tokens} tokens per input, {args.repeats} "
+        f"repeats; each run paired with a vllm.LLM.chat run next to it; the verdict is on "
+        f"the median of the paired ratios ({elapsed / 60:.1f} min) =="
+    )
     lines = [title, *reference_lines(rows, sizes, "vllm.LLM.chat", "lowest", min)]
     summary = []
     for name in dict.fromkeys(r["path"] for r in rows):  # in measuring order
@@ -605,23 +692,45 @@ def main(argv: list[str] | None = None) -> int:
             elif name == AA_PATH:
                 verdict = "(the reference against itself: this host's resolution)"
             elif "(baseline)" in name:
-                verdict = f"(a baseline, {'at or above' if median >= TARGET else 'below'} the target)"
+                verdict = (
+                    f"(a baseline, {'at or above' if median >= TARGET else 'below'} the target)"
+                )
             else:
                 verdict = f"[>={TARGET}x: {'PASS' if median >= TARGET else 'MISS'}]"
             best = max(r["tok_s"] for r in mine)
             cpu = min(r["client_cpu_ms_per_input"] for r in mine)
-            lines.append(f"{name:<42} n={n:<5} {median:.2f}x vllm.LLM.chat (paired runs "
-                         f"{', '.join(f'{x:.2f}' for x in ratios)})  {verdict}; best "
-                         f"{best:.0f} tok/s; client CPU {cpu:.2f} ms/input")
-            summary.append({"path": name, "n": n, "median_ratio": median, "best_tok_s": best,
-                            "client_cpu_ms_per_input": cpu})
+            lines.append(
+                f"{name:<42} n={n:<5} {median:.2f}x vllm.LLM.chat (paired runs "
+                f"{', '.join(f'{x:.2f}' for x in ratios)})  {verdict}; best "
+                f"{best:.0f} tok/s; client CPU {cpu:.2f} ms/input"
+            )
+            summary.append(
+                {
+                    "path": name,
+                    "n": n,
+                    "median_ratio": median,
+                    "best_tok_s": best,
+                    "client_cpu_ms_per_input": cpu,
+                }
+            )
     print("\n".join(lines))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bulk.json").write_text(json.dumps({
-        "model": args.model, "tokens": args.tokens, "sizes": sizes, "repeats": args.repeats,
-        "engine_options": ENGINE_OPTIONS, "elapsed_s": round(elapsed, 1),
-        "summary": summary, "runs": rows,
-    }, indent=1) + "\n")
+    (args.out / "bulk.json").write_text(
+        json.dumps(
+            {
+                "model": args.model,
+                "tokens": args.tokens,
+                "sizes": sizes,
+                "repeats": args.repeats,
+                "engine_options": ENGINE_OPTIONS,
+                "elapsed_s": round(elapsed, 1),
+                "summary": summary,
+                "runs": rows,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     log(f"wrote {args.out / 'bulk.json'}")
     return 0
 
@@ -636,11 +745,24 @@ def main_against_baseline(args: argparse.Namespace, sizes: list[int]) -> int:
     lines, summary = against_baseline_report(rows, sizes, elapsed, args.repeats)
     print("\n".join(lines))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bulk-asyncllm.json").write_text(json.dumps({
-        "model": args.model, "tokens": args.tokens, "sizes": sizes, "repeats": args.repeats,
-        "against": BASELINE, "engine_options": ENGINE_OPTIONS, "elapsed_s": round(elapsed, 1),
-        "load_average": os.getloadavg(), "summary": summary, "runs": rows,
-    }, indent=1) + "\n")
+    (args.out / "bulk-asyncllm.json").write_text(
+        json.dumps(
+            {
+                "model": args.model,
+                "tokens": args.tokens,
+                "sizes": sizes,
+                "repeats": args.repeats,
+                "against": BASELINE,
+                "engine_options": ENGINE_OPTIONS,
+                "elapsed_s": round(elapsed, 1),
+                "load_average": os.getloadavg(),
+                "summary": summary,
+                "runs": rows,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     log(f"wrote {args.out / 'bulk-asyncllm.json'}")
     return 0
 

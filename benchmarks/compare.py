@@ -124,7 +124,8 @@ class TreeFinder(importlib.abc.MetaPathFinder):
         if d is None:
             return None
         return importlib.util.spec_from_file_location(
-            fullname, d / "__init__.py", submodule_search_locations=[str(d)])
+            fullname, d / "__init__.py", submodule_search_locations=[str(d)]
+        )
 
 
 TREE_ENV = "VLLMINLINE_COMPARE_TREE"
@@ -147,8 +148,15 @@ if os.environ.get(TREE_ENV) and not any(isinstance(f, TreeFinder) for f in sys.m
 # -- a child: one version, one engine ------------------------------------------------------------
 
 
-def serve(tree: pathlib.Path, label: str, model: str, tokens: int, bulk_tokens: int,
-          streams: list[str], bulks: list[str]) -> None:
+def serve(
+    tree: pathlib.Path,
+    label: str,
+    model: str,
+    tokens: int,
+    bulk_tokens: int,
+    streams: list[str],
+    bulks: list[str],
+) -> None:
     """Start an engine with vllm-inline from ``tree``, warm the paths up, then answer one JSON
     command per stdin line (``{"path", "load"}``) with a ``RESULT`` JSON line."""
     use_tree(tree)
@@ -159,11 +167,17 @@ def serve(tree: pathlib.Path, label: str, model: str, tokens: int, bulk_tokens: 
     li = P.llama_index_llm(model, run.ENGINE_OPTIONS)
 
     def streaming(n: int) -> dict[str, tuple[str, Any]]:
-        return {name: (kind, req) for name, kind, req in run.inline_paths(engine, chat, li, n)
-                if name in streams}
+        return {
+            name: (kind, req)
+            for name, kind, req in run.inline_paths(engine, chat, li, n)
+            if name in streams
+        }
 
-    bulk_runs = {k: v for k, v in bulk.inline_paths(model, bulk_tokens, run.ENGINE_OPTIONS).items()
-                 if k in bulks}
+    bulk_runs = {
+        k: v
+        for k, v in bulk.inline_paths(model, bulk_tokens, run.ENGINE_OPTIONS).items()
+        if k in bulks
+    }
     for kind, request in streaming(run.WARMUP[1]).values():
         if kind == "async":
             asyncio.run(P.run_async_load(request, run.WARMUP[0], 1))
@@ -186,8 +200,11 @@ def serve(tree: pathlib.Path, label: str, model: str, tokens: int, bulk_tokens: 
             t0, c0 = time.perf_counter(), time.process_time()
             generated = bulk_runs[name](load)
             wall, used = time.perf_counter() - t0, time.process_time() - c0
-            result = {"tok_s": generated / wall, "client_cpu_ms_per_input": 1000 * used / load,
-                      "tokens_ok": generated == load * bulk_tokens}
+            result = {
+                "tok_s": generated / wall,
+                "client_cpu_ms_per_input": 1000 * used / load,
+                "tokens_ok": generated == load * bulk_tokens,
+            }
         print("RESULT " + json.dumps(result), flush=True)
     engine.shutdown()
 
@@ -196,15 +213,31 @@ class Child(bulk.Reference):
     """One version's child process (:func:`serve`), kept up for the whole run; ``close`` and
     the line reading are :class:`bulk.Reference`'s."""
 
-    def __init__(self, label: str, tree: pathlib.Path, args: argparse.Namespace, model: str) -> None:
+    def __init__(
+        self, label: str, tree: pathlib.Path, args: argparse.Namespace, model: str
+    ) -> None:
         self.label = label
-        cmd = [sys.executable, __file__, "--child", str(tree), "--label", label, "--model-path",
-               model, "--tokens", str(args.tokens), "--bulk-tokens", str(args.bulk_tokens),
-               "--paths", ",".join(args.streams + args.bulks)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            str(tree),
+            "--label",
+            label,
+            "--model-path",
+            model,
+            "--tokens",
+            str(args.tokens),
+            "--bulk-tokens",
+            str(args.bulk_tokens),
+            "--paths",
+            ",".join(args.streams + args.bulks),
+        ]
         # Its own process group (killed as one if it hangs), in this session (see run.py's
         # phase_http: a new session is a new scheduler autogroup).
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      text=True, process_group=0)
+        self._proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, process_group=0
+        )
 
     def ready(self) -> str:
         return json.loads(self._line("READY "))
@@ -226,8 +259,9 @@ class Child(bulk.Reference):
 
 def cells(args: argparse.Namespace) -> list[tuple[str, int]]:
     """Every (path, load) compared: concurrency for streaming paths, inputs for bulk ones."""
-    return ([(p, c) for p in args.streams for c in args.concurrency]
-            + [(p, n) for p in args.bulks for n in args.sizes])
+    return [(p, c) for p in args.streams for c in args.concurrency] + [
+        (p, n) for p in args.bulks for n in args.sizes
+    ]
 
 
 def measure(children: dict[str, Child], args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -256,14 +290,20 @@ def measure(children: dict[str, Child], args: argparse.Namespace) -> list[dict[s
             spent = time.perf_counter() - started
             next_s = len(left) * line_s / lines_run if lines_run else 0.0
             if spent + next_s > 60 * args.budget_min:
-                log(f"budget of {args.budget_min:g} min: {spent / 60:.1f} min spent, the next "
+                log(
+                    f"budget of {args.budget_min:g} min: {spent / 60:.1f} min spent, the next "
                     f"round (~{next_s / 60:.1f} min) would end after it; stopping with "
-                    f"{len(left)} of {len(todo)} lines not resolved to {pct(args.resolve)}")
+                    f"{len(left)} of {len(todo)} lines not resolved to {pct(args.resolve)}"
+                )
                 break
-            log(f"round {rnd} added for {len(left)} of {len(todo)} lines not resolved to "
+            log(
+                f"round {rnd} added for {len(left)} of {len(todo)} lines not resolved to "
                 f"{pct(args.resolve)} ({spent / 60:.1f} of {args.budget_min:g} min spent): "
-                + ", ".join(f"{path} {load} {pct(ab)}" + ("" if aa is None else f"/A/A {pct(aa)}")
-                            for (path, load), (ab, aa) in left.items()))
+                + ", ".join(
+                    f"{path} {load} {pct(ab)}" + ("" if aa is None else f"/A/A {pct(aa)}")
+                    for (path, load), (ab, aa) in left.items()
+                )
+            )
             rotated = [cell for cell in rotated if cell in left]
         for path, load in rotated:
             t0 = time.perf_counter()
@@ -273,10 +313,21 @@ def measure(children: dict[str, Child], args: argparse.Namespace) -> list[dict[s
             for side in order:
                 time.sleep(bulk.SETTLE_S)
                 got[side] = children[side].measure(path, load)
-                runs.append({"round": rnd, "path": path, "load": load, "side": side,
-                             "position": order.index(side), **got[side]})
-            line = f"round {rnd} {path:<24} {load:>4}: " + ", ".join(
-                f"{s} {got[s]['tok_s']:.0f}" for s in order) + " tok/s"
+                runs.append(
+                    {
+                        "round": rnd,
+                        "path": path,
+                        "load": load,
+                        "side": side,
+                        "position": order.index(side),
+                        **got[side],
+                    }
+                )
+            line = (
+                f"round {rnd} {path:<24} {load:>4}: "
+                + ", ".join(f"{s} {got[s]['tok_s']:.0f}" for s in order)
+                + " tok/s"
+            )
             for other, name in (("REF", "this/REF"), ("this'", "A/A")):
                 if other in got:
                     line += f"; {name} {got['this']['tok_s'] / got[other]['tok_s']:.2f}"
@@ -300,7 +351,7 @@ def median_ci(values: list[float]) -> tuple[float, float] | None:
     k, below = 0, 0  # below: the count of outcomes with Binomial(n, 1/2) <= k, times 2**n
     while k < n:
         below += math.comb(n, k)
-        if 40 * below > 2 ** n:  # P(Binomial(n, 1/2) <= k) > 0.025, exactly
+        if 40 * below > 2**n:  # P(Binomial(n, 1/2) <= k) > 0.025, exactly
             break
         k += 1
     if k == 0:
@@ -328,16 +379,18 @@ def _ratios(runs: list[dict[str, Any]], other: str) -> list[float]:
     by_round: dict[int, dict[str, float]] = {}
     for r in runs:
         by_round.setdefault(r["round"], {})[r["side"]] = r["tok_s"]
-    return sorted(v["this"] / v[other] for v in by_round.values()
-                  if other in v and "this" in v and v[other])
+    return sorted(
+        v["this"] / v[other] for v in by_round.values() if other in v and "this" in v and v[other]
+    )
 
 
 def _line(runs: list[dict[str, Any]], path: str, load: int) -> list[dict[str, Any]]:
     return [r for r in runs if r["path"] == path and r["load"] == load]
 
 
-def unresolved(runs: list[dict[str, Any]], todo: list[tuple[str, int]],
-               target: float) -> dict[tuple[str, int], tuple[float | None, float | None]]:
+def unresolved(
+    runs: list[dict[str, Any]], todo: list[tuple[str, int]], target: float
+) -> dict[tuple[str, int], tuple[float | None, float | None]]:
     """The lines of ``todo`` whose this/REF resolution, or A/A resolution when the line has A/A
     runs, is ``None`` or above ``target``: line -> (this/REF resolution, A/A resolution)."""
     left = {}
@@ -360,21 +413,32 @@ def summarize(runs: list[dict[str, Any]], args: argparse.Namespace) -> list[dict
         mine = _line(runs, path, load)
         bulk_row = path in args.bulks
         cpu_key = "client_cpu_ms_per_input" if bulk_row else "client_cpu_us_per_tok"
-        row: dict[str, Any] = {"path": path, "load": load, "bulk": bulk_row,
-                               "tokens_ok": all(r["tokens_ok"] for r in mine),
-                               "pairs": len({r["round"] for r in mine})}
+        row: dict[str, Any] = {
+            "path": path,
+            "load": load,
+            "bulk": bulk_row,
+            "tokens_ok": all(r["tokens_ok"] for r in mine),
+            "pairs": len({r["round"] for r in mine}),
+        }
         for side in SIDES:
             runs_of = [r for r in mine if r["side"] == side]
             if runs_of:
-                row[side] = {"tok_s": statistics.median(r["tok_s"] for r in runs_of),
-                             "cpu": statistics.median(r[cpu_key] for r in runs_of)}
+                row[side] = {
+                    "tok_s": statistics.median(r["tok_s"] for r in runs_of),
+                    "cpu": statistics.median(r[cpu_key] for r in runs_of),
+                }
         for key, other in (("ab", "REF"), ("aa", "this'")):
             values = _ratios(mine, other)
             if values:
                 ci = median_ci(values)
-                row[key] = {"median": statistics.median(values), "min": values[0],
-                            "max": values[-1], "ci": list(ci) if ci else None,
-                            "resolution": resolution(values), "ratios": values}
+                row[key] = {
+                    "median": statistics.median(values),
+                    "min": values[0],
+                    "max": values[-1],
+                    "ci": list(ci) if ci else None,
+                    "resolution": resolution(values),
+                    "ratios": values,
+                }
         row["flag"] = _flag(row)
         ab_res = row["ab"]["resolution"] if "ab" in row else None
         row["resolved"] = ab_res is not None and ab_res <= target
@@ -421,24 +485,45 @@ def table(rows: list[dict[str, Any]]) -> str:
     def side(row: dict[str, Any], s: str, f: str, fmt: str) -> str:
         return fmt.format(row[s][f]) if s in row and not math.isnan(row[s][f]) else "-"
 
-    header = ["path", "load", "this tok/s", "REF tok/s", "this/REF [95% CI]", "A/A [95% CI]",
-              "pairs", "CPU this", "CPU REF", "CPU unit", "flag"]
+    header = [
+        "path",
+        "load",
+        "this tok/s",
+        "REF tok/s",
+        "this/REF [95% CI]",
+        "A/A [95% CI]",
+        "pairs",
+        "CPU this",
+        "CPU REF",
+        "CPU unit",
+        "flag",
+    ]
     lines = [header]
     for r in rows:
-        lines.append([
-            r["path"] + ("" if r["tokens_ok"] else " (!tokens)"),
-            f"{'n' if r['bulk'] else 'c'}={r['load']}",
-            side(r, "this", "tok_s", "{:.0f}"), side(r, "REF", "tok_s", "{:.0f}"),
-            span(r.get("ab")), span(r.get("aa")), str(r["pairs"]),
-            side(r, "this", "cpu", "{:.2f}" if r["bulk"] else "{:.0f}"),
-            side(r, "REF", "cpu", "{:.2f}" if r["bulk"] else "{:.0f}"),
-            "ms/input" if r["bulk"] else "us/tok", r["flag"],
-        ])
+        lines.append(
+            [
+                r["path"] + ("" if r["tokens_ok"] else " (!tokens)"),
+                f"{'n' if r['bulk'] else 'c'}={r['load']}",
+                side(r, "this", "tok_s", "{:.0f}"),
+                side(r, "REF", "tok_s", "{:.0f}"),
+                span(r.get("ab")),
+                span(r.get("aa")),
+                str(r["pairs"]),
+                side(r, "this", "cpu", "{:.2f}" if r["bulk"] else "{:.0f}"),
+                side(r, "REF", "cpu", "{:.2f}" if r["bulk"] else "{:.0f}"),
+                "ms/input" if r["bulk"] else "us/tok",
+                r["flag"],
+            ]
+        )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     out = []
     for k, line in enumerate(lines):
-        out.append("  ".join(v.ljust(w) if i in (0, 1, 9, 10) else v.rjust(w)
-                             for i, (v, w) in enumerate(zip(line, widths))).rstrip())
+        out.append(
+            "  ".join(
+                v.ljust(w) if i in (0, 1, 9, 10) else v.rjust(w)
+                for i, (v, w) in enumerate(zip(line, widths))
+            ).rstrip()
+        )
         if k == 0:
             out.append("  ".join("-" * w for w in widths))
     return "\n".join(out)
@@ -460,45 +545,77 @@ def resolution_line(rows: list[dict[str, Any]], target: float) -> str:
             part += f" (A/A {pct(aa['resolution'])})"
         part += f" in {r['pairs']} pairs" + (", resolved" if r["resolved"] else "")
         parts.append(part)
-    return (f"resolution (95% CI of the median this/REF, as max(median/lo, hi/median) - 1; "
-            f"resolved: {pct(target)} or better; no CI below 6 pairs): " + "; ".join(parts))
+    return (
+        f"resolution (95% CI of the median this/REF, as max(median/lo, hi/median) - 1; "
+        f"resolved: {pct(target)} or better; no CI below 6 pairs): " + "; ".join(parts)
+    )
 
 
 # -- main ---------------------------------------------------------------------------------------
 
 
 def _git(*argv: str) -> str:
-    return subprocess.run(["git", "-C", str(ROOT), *argv], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(ROOT), *argv], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ref", help="the other version: a git ref of this repository")
-    ap.add_argument("--this", help="measure this git ref (checked out into a worktree too) "
-                    "instead of the working tree")
+    ap.add_argument(
+        "--this",
+        help="measure this git ref (checked out into a worktree too) instead of the working tree",
+    )
     ap.add_argument("--model", default="tiny", help="a models.SPECS name: " + ", ".join(SPECS))
-    ap.add_argument("--pairs", type=int, default=3,
-                    help="rounds: paired runs per line (the minimum with --resolve)")
-    ap.add_argument("--resolve", type=float, metavar="FRACTION",
-                    help="after --pairs rounds, add rounds for the lines whose this/REF or A/A "
-                    "median is not yet known to +-FRACTION (95%% CI; e.g. 0.05), until all are "
-                    "or --budget-min is spent")
-    ap.add_argument("--budget-min", type=float, metavar="MINUTES",
-                    help="with --resolve: wall minutes from the first round; no round is "
-                    "added that would end after them, at the time per line so far (default 30)")
+    ap.add_argument(
+        "--pairs",
+        type=int,
+        default=3,
+        help="rounds: paired runs per line (the minimum with --resolve)",
+    )
+    ap.add_argument(
+        "--resolve",
+        type=float,
+        metavar="FRACTION",
+        help="after --pairs rounds, add rounds for the lines whose this/REF or A/A "
+        "median is not yet known to +-FRACTION (95%% CI; e.g. 0.05), until all are "
+        "or --budget-min is spent",
+    )
+    ap.add_argument(
+        "--budget-min",
+        type=float,
+        metavar="MINUTES",
+        help="with --resolve: wall minutes from the first round; no round is "
+        "added that would end after them, at the time per line so far (default 30)",
+    )
     ap.add_argument("--concurrency", default="1,16", help="streaming loads")
     ap.add_argument("--sizes", default="256", help="bulk inputs")
-    ap.add_argument("--tokens", type=int, default=None,
-                    help="tokens per streamed request (default: the model's, 128 for tiny)")
+    ap.add_argument(
+        "--tokens",
+        type=int,
+        default=None,
+        help="tokens per streamed request (default: the model's, 128 for tiny)",
+    )
     ap.add_argument("--bulk-tokens", type=int, default=32, help="tokens per bulk input")
-    ap.add_argument("--paths", default="", help="only these paths (comma-separated names: "
-                    + ", ".join(STREAM_PATHS + BULK_PATHS) + ")")
-    ap.add_argument("--skip", default="", help="skip paths whose name contains these (comma-separated)")
-    ap.add_argument("--no-aa", action="store_true",
-                    help="no A/A child (faster; then nothing says what the host resolves)")
-    ap.add_argument("--quick", action="store_true",
-                    help="1 round, c=16, 64 bulk inputs, 32 tokens per request")
+    ap.add_argument(
+        "--paths",
+        default="",
+        help="only these paths (comma-separated names: "
+        + ", ".join(STREAM_PATHS + BULK_PATHS)
+        + ")",
+    )
+    ap.add_argument(
+        "--skip", default="", help="skip paths whose name contains these (comma-separated)"
+    )
+    ap.add_argument(
+        "--no-aa",
+        action="store_true",
+        help="no A/A child (faster; then nothing says what the host resolves)",
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="1 round, c=16, 64 bulk inputs, 32 tokens per request"
+    )
     ap.add_argument("--out", type=pathlib.Path, default=HERE / "results")
     ap.add_argument("--child", type=pathlib.Path, help=argparse.SUPPRESS)
     ap.add_argument("--label", help=argparse.SUPPRESS)
@@ -511,7 +628,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     names = [p for p in args.paths.split(",") if p]
     unknown = set(names) - set(STREAM_PATHS + BULK_PATHS)
     if unknown:
-        ap.error(f"unknown path(s) {sorted(unknown)}; known: {', '.join(STREAM_PATHS + BULK_PATHS)}")
+        ap.error(
+            f"unknown path(s) {sorted(unknown)}; known: {', '.join(STREAM_PATHS + BULK_PATHS)}"
+        )
     skip = [s for s in args.skip.split(",") if s]
 
     def keep(name: str) -> bool:
@@ -543,8 +662,15 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
-        serve(args.child, args.label, args.model_path, args.tokens, args.bulk_tokens,
-              args.streams, args.bulks)
+        serve(
+            args.child,
+            args.label,
+            args.model_path,
+            args.tokens,
+            args.bulk_tokens,
+            args.streams,
+            args.bulks,
+        )
         return 0
     signal.signal(signal.SIGTERM, _on_sigterm)
     started = time.perf_counter()
@@ -560,10 +686,15 @@ def main(argv: list[str] | None = None) -> int:
     spec = ModelSpec(spec.name, spec.layers, spec.hidden, spec.intermediate, args.tokens)
     model = str(build_model(spec))
     load_before = os.getloadavg()
-    adaptive = (f" (then more, to {pct(args.resolve)}, within {args.budget_min:g} min)"
-                if args.resolve else "")
-    log(f"this: {this_name}; REF: {args.ref} ({ref_sha}); {args.model}, {len(cells(args))} "
-        f"lines x {args.pairs} rounds{adaptive}; load average {load_before[0]:.1f}")
+    adaptive = (
+        f" (then more, to {pct(args.resolve)}, within {args.budget_min:g} min)"
+        if args.resolve
+        else ""
+    )
+    log(
+        f"this: {this_name}; REF: {args.ref} ({ref_sha}); {args.model}, {len(cells(args))} "
+        f"lines x {args.pairs} rounds{adaptive}; load average {load_before[0]:.1f}"
+    )
     children: dict[str, Child] = {}
     worktrees: list[pathlib.Path] = []
     with tempfile.TemporaryDirectory(prefix="vllm-inline-compare-") as tmp:
@@ -592,52 +723,75 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     child.kill()
             for worktree in worktrees:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
-                                str(worktree)], check=False)
+                subprocess.run(
+                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)],
+                    check=False,
+                )
             subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], check=False)
     elapsed = time.perf_counter() - started
     load_after = os.getloadavg()
     rows = summarize(runs, args)
     pairs = sorted(r["pairs"] for r in rows)
-    rounds = (f"{pairs[0]} rounds" if pairs[0] == pairs[-1]
-              else f"{pairs[0]}-{pairs[-1]} rounds per line")
+    rounds = (
+        f"{pairs[0]} rounds" if pairs[0] == pairs[-1] else f"{pairs[0]}-{pairs[-1]} rounds per line"
+    )
     if args.resolve:
         rounds += f" (--resolve {args.resolve:g}, budget {args.budget_min:g} min)"
     aa = [x for r in rows if "aa" in r for x in r["aa"]["ratios"]]
-    flagged = [f"{r['path']} {r['load']}{r['flag'][6:]}" for r in rows
-               if r["flag"].startswith("SLOWER")]
-    text = "\n".join([
-        (f"== this: {this_name}; REF: {args.ref} ({ref_sha}); {args.model}, {args.tokens} tokens per streamed request, "
-         f"{args.bulk_tokens} per bulk input; {rounds}; ratios are medians of the "
-         "paired runs [95% CI of the median] or (min-max) below 6 pairs =="),
-        table(rows),
-        "",
-        resolution_line(rows, args.resolve or RESOLVE),
-        f"A/A ratios over all lines: {min(aa):.2f}-{max(aa):.2f}" if aa else "no A/A line (--no-aa)",
-        (f"flagged: {', '.join(flagged) or 'none'} (SLOWER: median this/REF < {LIMIT} and below "
-         f"the A/A band, the A/A median's 95% CI, or the A/A min-max below 6 pairs; faster: "
-         f"> 1/{LIMIT} and above it; ?: fewer than {MIN_PAIRS} pairs or no A/A)"),
-        (f"{elapsed / 60:.1f} min; load average (1 min) {load_before[0]:.1f} at the start, "
-         f"{load_after[0]:.1f} at the end, on {os.cpu_count()} CPUs ({run._cpu_model()})"),
-    ])
+    flagged = [
+        f"{r['path']} {r['load']}{r['flag'][6:]}" for r in rows if r["flag"].startswith("SLOWER")
+    ]
+    text = "\n".join(
+        [
+            (
+                f"== this: {this_name}; REF: {args.ref} ({ref_sha}); {args.model}, {args.tokens} tokens per streamed request, "
+                f"{args.bulk_tokens} per bulk input; {rounds}; ratios are medians of the "
+                "paired runs [95% CI of the median] or (min-max) below 6 pairs =="
+            ),
+            table(rows),
+            "",
+            resolution_line(rows, args.resolve or RESOLVE),
+            f"A/A ratios over all lines: {min(aa):.2f}-{max(aa):.2f}"
+            if aa
+            else "no A/A line (--no-aa)",
+            (
+                f"flagged: {', '.join(flagged) or 'none'} (SLOWER: median this/REF < {LIMIT} and below "
+                f"the A/A band, the A/A median's 95% CI, or the A/A min-max below 6 pairs; faster: "
+                f"> 1/{LIMIT} and above it; ?: fewer than {MIN_PAIRS} pairs or no A/A)"
+            ),
+            (
+                f"{elapsed / 60:.1f} min; load average (1 min) {load_before[0]:.1f} at the start, "
+                f"{load_after[0]:.1f} at the end, on {os.cpu_count()} CPUs ({run._cpu_model()})"
+            ),
+        ]
+    )
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"compare-{ref_sha}"
     stem.with_suffix(".txt").write_text(text + "\n")
     meta = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "ref": args.ref, "ref_sha": ref_sha, "this": this_name,
+        "ref": args.ref,
+        "ref_sha": ref_sha,
+        "this": this_name,
         "machine": f"{run._cpu_model()}, {os.cpu_count()} CPUs, {platform.platform()}",
         "command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
-        "elapsed_s": round(elapsed, 1), "load_average": [load_before, load_after],
-        "engine_options": run.ENGINE_OPTIONS, "model": args.model, "tokens": args.tokens,
-        "bulk_tokens": args.bulk_tokens, "pairs": args.pairs, "resolve": args.resolve,
-        "budget_min": args.budget_min, "rounds": 1 + max((r["round"] for r in runs), default=-1),
+        "elapsed_s": round(elapsed, 1),
+        "load_average": [load_before, load_after],
+        "engine_options": run.ENGINE_OPTIONS,
+        "model": args.model,
+        "tokens": args.tokens,
+        "bulk_tokens": args.bulk_tokens,
+        "pairs": args.pairs,
+        "resolve": args.resolve,
+        "budget_min": args.budget_min,
+        "rounds": 1 + max((r["round"] for r in runs), default=-1),
         "settle_s": bulk.SETTLE_S,
         "rounds_per_stream": {c: run.rounds_for(c) for c in args.concurrency},
     }
     stem.with_suffix(".json").write_text(
-        json.dumps({"meta": meta, "summary": rows, "runs": runs}, indent=1) + "\n")
+        json.dumps({"meta": meta, "summary": rows, "runs": runs}, indent=1) + "\n"
+    )
     log(f"wrote {stem}.txt and .json")
     return 0
 

@@ -32,11 +32,46 @@ from typing import Any
 
 from vllm_inline.testing import CPU_TEST_ENGINE_KWARGS, build_embedding_model
 
-_WORDS = (
-    "the weather in Oslo is cold and snowy Paris capital France python programming language "
-    "cats dogs pets river flows sea train leaves station noon mountains tall bananas yellow "
-    "fruit retrieval models fast vector search index query document answer"
-).split()
+_WORDS = [
+    "the",
+    "weather",
+    "in",
+    "Oslo",
+    "is",
+    "cold",
+    "and",
+    "snowy",
+    "Paris",
+    "capital",
+    "France",
+    "python",
+    "programming",
+    "language",
+    "cats",
+    "dogs",
+    "pets",
+    "river",
+    "flows",
+    "sea",
+    "train",
+    "leaves",
+    "station",
+    "noon",
+    "mountains",
+    "tall",
+    "bananas",
+    "yellow",
+    "fruit",
+    "retrieval",
+    "models",
+    "fast",
+    "vector",
+    "search",
+    "index",
+    "query",
+    "document",
+    "answer",
+]
 
 
 def make_texts(n: int, words: int, seed: int = 0) -> list[str]:
@@ -89,8 +124,8 @@ def run(
         "Engine.embed": lambda: engine.embed(texts),
         "Engine.aembed": lambda: asyncio.run(engine.aembed(texts)),
         "LangChain VLLMEmbeddings.embed_documents": lambda: lc.embed_documents(texts),
-        "LlamaIndex VLLMEmbedding.get_text_embedding_batch": lambda: (
-            li.get_text_embedding_batch(texts)
+        "LlamaIndex VLLMEmbedding.get_text_embedding_batch": lambda: li.get_text_embedding_batch(
+            texts
         ),
     }
     reference: list[list[float]] | None = None

@@ -109,26 +109,36 @@ _STAMP = re.compile(r"\((\w+)[^)]*\) \w+ (\d+\.\d+) \[([^\]]+)\] (.*)")
 LOGGING_CONFIG = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"stamped": {
-        "()": "vllm.logging_utils.NewLineFormatter",
-        "format": "(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(created).3f "
-                  "[%(fileinfo)s:%(lineno)d] %(message)s",
-    }},
-    "handlers": {"stamped": {
-        "class": "logging.StreamHandler", "formatter": "stamped", "level": "DEBUG",
-        "stream": "ext://sys.stdout",
-    }},
+    "formatters": {
+        "stamped": {
+            "()": "vllm.logging_utils.NewLineFormatter",
+            "format": "(%(vllm_process_name)s pid=%(process)d) %(levelname)s %(created).3f "
+            "[%(fileinfo)s:%(lineno)d] %(message)s",
+        }
+    },
+    "handlers": {
+        "stamped": {
+            "class": "logging.StreamHandler",
+            "formatter": "stamped",
+            "level": "DEBUG",
+            "stream": "ext://sys.stdout",
+        }
+    },
     "loggers": {"vllm": {"handlers": ["stamped"], "level": "DEBUG", "propagate": False}},
 }
 
 
 def _child(code: str, *args: str, env: dict[str, str] | None = None) -> tuple[dict, str]:
     result = subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=900,
-        env={**os.environ, **(env or {})}, check=True,
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, **(env or {})},
+        check=True,
     )
     line = next(x for x in result.stdout.splitlines() if x.startswith("TIMES "))
-    return json.loads(line[len("TIMES "):]), result.stdout + result.stderr
+    return json.loads(line[len("TIMES ") :]), result.stdout + result.stderr
 
 
 def _log_times(log: str) -> list[tuple[float, str, str]]:
@@ -170,17 +180,23 @@ def one_start(rounds: int, starts: list[str]) -> None:
     rows: dict[str, dict[str, list[float]]] = {start: {} for start in starts}
     for _ in range(rounds):
         for start in starts:
-            times, log = _child(PHASES, env={
-                "VLLM_LOGGING_LEVEL": "DEBUG", "VLLM_LOGGING_CONFIG_PATH": config,
-                "VLLMINLINE_PROCESS_START": start,
-            })
+            times, log = _child(
+                PHASES,
+                env={
+                    "VLLM_LOGGING_LEVEL": "DEBUG",
+                    "VLLM_LOGGING_CONFIG_PATH": config,
+                    "VLLMINLINE_PROCESS_START": start,
+                },
+            )
             for name, seconds in phases(times, log).items():
                 rows[start].setdefault(name, []).append(seconds)
     totals = {}
     for start, phase_rows in rows.items():
         print(f"  engine processes started by {start}:")
         for name, values in phase_rows.items():
-            print(f"    {name:53s} {statistics.median(values):6.1f} s  {[round(v, 1) for v in values]}")
+            print(
+                f"    {name:53s} {statistics.median(values):6.1f} s  {[round(v, 1) for v in values]}"
+            )
         skip = ("shutdown", "import vLLM (this process)")
         totals[start] = sum(statistics.median(v) for n, v in phase_rows.items() if n not in skip)
         print(f"    {'start (engine.start())':53s} {totals[start]:6.1f} s")
@@ -207,8 +223,10 @@ def three_engines(rounds: int) -> None:
     for name in ("start", "shutdown"):
         seq = statistics.median(results["one after another"][name])
         tog = statistics.median(results["together"][name])
-        print(f"  {name:9s} one after another {seq:6.1f} s   together {tog:6.1f} s   "
-              f"ratio {tog / seq:.2f}x")
+        print(
+            f"  {name:9s} one after another {seq:6.1f} s   together {tog:6.1f} s   "
+            f"ratio {tog / seq:.2f}x"
+        )
     slowest = statistics.median(results["one after another"]["slowest"])
     print(f"  the slowest engine's own shutdown {slowest:6.1f} s (one after another)")
     print("  target: the start together in at most 0.7x the time; shutdown bounded by the slowest")
@@ -218,8 +236,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--only", choices=("phases", "together"), default=None)
-    parser.add_argument("--process-start", default="spawn,fork",
-                        help="the ways to time the start with, comma-separated (spawn, fork)")
+    parser.add_argument(
+        "--process-start",
+        default="spawn,fork",
+        help="the ways to time the start with, comma-separated (spawn, fork)",
+    )
     args = parser.parse_args()
     if args.only != "together":
         one_start(args.rounds, args.process_start.split(","))

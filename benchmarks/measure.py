@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from typing_extensions import Self
+
 __all__ = ["Record", "RssSampler", "percentile", "summarize"]
 
 
@@ -60,9 +62,7 @@ def percentile(values: list[float], q: float) -> float:
 def summarize(records: list[Record], expected_tokens: int) -> dict[str, Any]:
     """The figures of one measured run."""
     ttft = [(r.text_times[0] - r.start) * 1e3 for r in records if r.text_times]
-    itl = [
-        (b - a) * 1e3 for r in records for a, b in zip(r.text_times, r.text_times[1:])
-    ]
+    itl = [(b - a) * 1e3 for r in records for a, b in zip(r.text_times, r.text_times[1:])]
     wall = max(r.end for r in records) - min(r.start for r in records)
     tokens = sum(r.tokens for r in records)
     final_bytes = [len("".join(r.text_parts).encode()) for r in records]
@@ -128,7 +128,7 @@ class RssSampler:
         t = self._proc.cpu_times()
         return t.user + t.system
 
-    def __enter__(self) -> RssSampler:
+    def __enter__(self) -> Self:
         self._cpu0 = self._cpu()
         self._peak = self._sample()
         self._stop.clear()

@@ -14,7 +14,7 @@ import pathlib
 import shutil
 from dataclasses import asdict, dataclass
 
-__all__ = ["ModelSpec", "SPECS", "build_model"]
+__all__ = ["SPECS", "ModelSpec", "build_model"]
 
 _HEAD_DIM = 64  # the CPU attention kernel rejects head_dim 16
 
@@ -61,7 +61,9 @@ def build_model(spec: ModelSpec, root: pathlib.Path | None = None) -> pathlib.Pa
         json.dumps([asdict(spec), source.name, 2], sort_keys=True).encode()
     ).hexdigest()[:12]
     return build_once(
-        root or default_root(), f"{spec.name}-{digest}", "config.json",
+        root or default_root(),
+        f"{spec.name}-{digest}",
+        "config.json",
         lambda out: _write(spec, source, out),
     )
 
@@ -84,17 +86,19 @@ def _write(spec: ModelSpec, source: pathlib.Path, out: pathlib.Path) -> None:
     tensors = {"model.embed_tokens.weight": normal(vocab, h), "lm_head.weight": normal(vocab, h)}
     for n in range(spec.layers):
         p = f"model.layers.{n}."
-        tensors.update({
-            p + "input_layernorm.weight": np.ones(h, np.float32),
-            p + "post_attention_layernorm.weight": np.ones(h, np.float32),
-            p + "self_attn.q_proj.weight": normal(q, h),
-            p + "self_attn.k_proj.weight": normal(q, h),
-            p + "self_attn.v_proj.weight": normal(q, h),
-            p + "self_attn.o_proj.weight": normal(h, q),
-            p + "mlp.gate_proj.weight": normal(i, h),
-            p + "mlp.up_proj.weight": normal(i, h),
-            p + "mlp.down_proj.weight": normal(h, i),
-        })
+        tensors.update(
+            {
+                p + "input_layernorm.weight": np.ones(h, np.float32),
+                p + "post_attention_layernorm.weight": np.ones(h, np.float32),
+                p + "self_attn.q_proj.weight": normal(q, h),
+                p + "self_attn.k_proj.weight": normal(q, h),
+                p + "self_attn.v_proj.weight": normal(q, h),
+                p + "self_attn.o_proj.weight": normal(h, q),
+                p + "mlp.gate_proj.weight": normal(i, h),
+                p + "mlp.up_proj.weight": normal(i, h),
+                p + "mlp.down_proj.weight": normal(h, i),
+            }
+        )
     tensors["model.norm.weight"] = np.ones(h, np.float32)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     # The scripted model's config (token ids, rope, dtype, ...) with this model's sizes.
@@ -109,6 +113,8 @@ def _write(spec: ModelSpec, source: pathlib.Path, out: pathlib.Path) -> None:
         "head_dim": _HEAD_DIM,
     }
     # No sampling defaults: every path then samples with exactly the values the benchmark sends.
-    generation = {k: src_generation[k] for k in ("bos_token_id", "eos_token_id") if k in src_generation}
+    generation = {
+        k: src_generation[k] for k in ("bos_token_id", "eos_token_id") if k in src_generation
+    }
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")

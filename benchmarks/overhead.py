@@ -28,10 +28,10 @@ from collections.abc import Awaitable, Callable
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import paths as P  # noqa: E402
-from measure import Record  # noqa: E402
-from models import SPECS, build_model  # noqa: E402
-from run import ENGINE_OPTIONS, _prompt_ids  # noqa: E402
+import paths as P
+from measure import Record
+from models import SPECS, build_model
+from run import ENGINE_OPTIONS, _prompt_ids
 
 
 def thread_cpu() -> dict[str, float]:
@@ -41,8 +41,15 @@ def thread_cpu() -> dict[str, float]:
     roles = {}
     for t in threading.enumerate():
         name = t.name
-        role = ("engine loop" if name.startswith("vllm-inline:") else "caller" if t is threading.main_thread()
-                else "renderer pool" if name.startswith("ThreadPoolExecutor") else "other")
+        role = (
+            "engine loop"
+            if name.startswith("vllm-inline:")
+            else "caller"
+            if t is threading.main_thread()
+            else "renderer pool"
+            if name.startswith("ThreadPoolExecutor")
+            else "other"
+        )
         roles[t.native_id] = role
     tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
@@ -123,12 +130,13 @@ def main() -> None:
         n = c * rounds * tokens
         threads1 = thread_cpu()
         by_thread[name].append(
-            {r: (threads1.get(r, 0.0) - threads0.get(r, 0.0)) * 1e6 / n for r in roles})
+            {r: (threads1.get(r, 0.0) - threads0.get(r, 0.0)) * 1e6 / n for r in roles}
+        )
         return n / (time.perf_counter() - t0), (time.process_time() - cpu0) * 1e6 / n
 
-    for name in requests:  # warm-up
+    for name, request in requests.items():  # warm-up
         if name != "raw AsyncLLM":
-            asyncio.run(P.run_async_load(requests[name], 4, 1))
+            asyncio.run(P.run_async_load(request, 4, 1))
 
     if args.only in (None, "split"):
         results: dict[str, list[tuple[float, float]]] = {name: [] for name in requests}
@@ -141,9 +149,12 @@ def main() -> None:
             tps = statistics.median(r[0] for r in runs)
             cpu = statistics.median(r[1] for r in runs)
             split = "  ".join(
-                f"{r} {statistics.median(t[r] for t in by_thread[name]):5.1f}" for r in roles)
-            print(f"{name:<20} {tps:7.0f} tok/s  client CPU {cpu:6.1f} us/token ({cpu - base:+.1f})"
-                  f"  by thread: {split}")
+                f"{r} {statistics.median(t[r] for t in by_thread[name]):5.1f}" for r in roles
+            )
+            print(
+                f"{name:<20} {tps:7.0f} tok/s  client CPU {cpu:6.1f} us/token ({cpu - base:+.1f})"
+                f"  by thread: {split}"
+            )
 
     if args.only in (None, "gc"):
         gc_runs: dict[bool, list[tuple[float, float, float, list[int]]]] = {True: [], False: []}
@@ -159,13 +170,17 @@ def main() -> None:
                 gc_runs[frozen].append((tps, cpu, timer.pause_s, list(timer.collections)))
         gc.collect()
         gc.freeze()  # as the engine left it
-        print(f"\n== ChatVLLM.astream, c={c}: start-up heap ({gc.get_freeze_count()} objects) "
-              f"frozen or not, {args.repeats} interleaved runs each ==")
+        print(
+            f"\n== ChatVLLM.astream, c={c}: start-up heap ({gc.get_freeze_count()} objects) "
+            f"frozen or not, {args.repeats} interleaved runs each =="
+        )
         for frozen, runs in gc_runs.items():
             pauses = ", ".join(f"{r[2] * 1e3:.0f} ms {r[3]}" for r in runs)
-            print(f"frozen={frozen!s:<5} {statistics.median(r[0] for r in runs):7.0f} tok/s  "
-                  f"client CPU {statistics.median(r[1] for r in runs):6.1f} us/token  "
-                  f"GC pause per run [collections gen0, gen1, gen2]: {pauses}")
+            print(
+                f"frozen={frozen!s:<5} {statistics.median(r[0] for r in runs):7.0f} tok/s  "
+                f"client CPU {statistics.median(r[1] for r in runs):6.1f} us/token  "
+                f"GC pause per run [collections gen0, gen1, gen2]: {pauses}"
+            )
     engine.shutdown()
 
 

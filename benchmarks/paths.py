@@ -14,7 +14,7 @@ from typing import Any
 
 from measure import Record
 
-__all__ = ["MESSAGES", "PATHS", "sampling", "run_async_load", "run_sync_load"]
+__all__ = ["MESSAGES", "PATHS", "run_async_load", "run_sync_load", "sampling"]
 
 PROMPT = "Write a short story about a robot."
 MESSAGES = [{"role": "user", "content": PROMPT}]
@@ -222,7 +222,9 @@ def run_sync_load(request: Callable[[], Record], concurrency: int, rounds: int) 
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller
             errors.append(e)
 
-    threads = [threading.Thread(target=user, args=(i,), name=f"user-{i}") for i in range(concurrency)]
+    threads = [
+        threading.Thread(target=user, args=(i,), name=f"user-{i}") for i in range(concurrency)
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -19,9 +19,9 @@ import time
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import paths as P  # noqa: E402
-from models import SPECS, build_model  # noqa: E402
-from run import ENGINE_OPTIONS, _prompt_ids  # noqa: E402
+import paths as P
+from models import SPECS, build_model
+from run import ENGINE_OPTIONS, _prompt_ids
 
 
 def main() -> None:
@@ -43,10 +43,18 @@ def main() -> None:
         "raw": lambda: P.raw_request(runtime.llm, _prompt_ids(model), tokens),
         "Engine.astream": lambda: P.engine_async(engine, tokens),
         "Engine.stream": lambda: P.engine_sync(engine, tokens),
-        "ChatVLLM.astream": lambda: P.langchain_async(P.chat_vllm(model, ENGINE_OPTIONS), tokens, **kw),
-        "ChatVLLM.stream": lambda: P.langchain_sync(P.chat_vllm(model, ENGINE_OPTIONS), tokens, **kw),
-        "VLLM.astream_chat": lambda: P.llama_index_async(P.llama_index_llm(model, ENGINE_OPTIONS), tokens),
-        "VLLM.stream_chat": lambda: P.llama_index_sync(P.llama_index_llm(model, ENGINE_OPTIONS), tokens),
+        "ChatVLLM.astream": lambda: P.langchain_async(
+            P.chat_vllm(model, ENGINE_OPTIONS), tokens, **kw
+        ),
+        "ChatVLLM.stream": lambda: P.langchain_sync(
+            P.chat_vllm(model, ENGINE_OPTIONS), tokens, **kw
+        ),
+        "VLLM.astream_chat": lambda: P.llama_index_async(
+            P.llama_index_llm(model, ENGINE_OPTIONS), tokens
+        ),
+        "VLLM.stream_chat": lambda: P.llama_index_sync(
+            P.llama_index_llm(model, ENGINE_OPTIONS), tokens
+        ),
     }
     request = makers[args.path]()
     sync = args.path.endswith(("stream", "stream_chat")) and ".a" not in args.path
@@ -65,7 +73,10 @@ def main() -> None:
         total += sum(r.tokens for r in recs)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
-    print(f"{args.path}: {total / wall:.0f} tok/s, client CPU {cpu * 1e6 / total:.0f} us/token", flush=True)
+    print(
+        f"{args.path}: {total / wall:.0f} tok/s, client CPU {cpu * 1e6 / total:.0f} us/token",
+        flush=True,
+    )
     engine.shutdown()
 
 

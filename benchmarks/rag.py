@@ -49,8 +49,8 @@ from typing import Any
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import run  # noqa: E402  (sets VLLM_LOGGING_LEVEL before vLLM loads; keeps USER_ENV)
-from rag_turns import (  # noqa: E402
+import run
+from rag_turns import (
     CHUNKS,
     CLIENT_STEPS,
     CONCURRENCY,
@@ -70,7 +70,7 @@ from rag_turns import (  # noqa: E402
     server_rerank,
 )
 
-from vllm_inline.testing import CPU_TEST_ENGINE_KWARGS  # noqa: E402
+from vllm_inline.testing import CPU_TEST_ENGINE_KWARGS
 
 # -- side 1: one process --------------------------------------------------------------------------
 
@@ -83,18 +83,23 @@ def one_process(cfg: dict[str, Any]) -> dict[str, Any]:
 
     m, kw = cfg["models"], {role: {"vllm_kwargs": o} for role, o in cfg["options"].items()}
     chat = lc.ChatVLLM(model=m["chat"], max_tokens=MAX_TOKENS, **SAMPLING, **kw["chat"])
-    emb, rerank = lc.VLLMEmbeddings(model=m["embedder"], **kw["embedder"]), lc.VLLMRerank(
-        model=m["reranker"], top_n=KEEP, **kw["reranker"])
-    li_parts = (li.VLLM(model=m["chat"], max_tokens=MAX_TOKENS, **SAMPLING, **kw["chat"]),
-                li.VLLMEmbedding(model=m["embedder"], **kw["embedder"]),
-                li.VLLMRerank(model=m["reranker"], top_n=KEEP, **kw["reranker"]))
+    emb, rerank = (
+        lc.VLLMEmbeddings(model=m["embedder"], **kw["embedder"]),
+        lc.VLLMRerank(model=m["reranker"], top_n=KEEP, **kw["reranker"]),
+    )
+    li_parts = (
+        li.VLLM(model=m["chat"], max_tokens=MAX_TOKENS, **SAMPLING, **kw["chat"]),
+        li.VLLMEmbedding(model=m["embedder"], **kw["embedder"]),
+        li.VLLMRerank(model=m["reranker"], top_n=KEEP, **kw["reranker"]),
+    )
     engines = (chat.engine, emb.engine, rerank.engine)
     assert tuple(x.engine for x in li_parts) == engines, "the frameworks must share the engines"
     ask = questions()
 
     async def main(t0: float) -> dict[str, Any]:
-        result = await both_apps("one process", t0, (chat, emb, rerank.acompress_documents),
-                                 li_parts, cfg, ask)
+        result = await both_apps(
+            "one process", t0, (chat, emb, rerank.acompress_documents), li_parts, cfg, ask
+        )
         return {**result, "floor": await floor(engines, corpus(), cfg["turns"], ask)}
 
     try:
@@ -116,9 +121,13 @@ def three_servers(cfg: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         for role, extra in flags.items():
-            procs[role] = run.start_server(cfg["models"][role], ports[role],
-                                           dict(cfg["options"][role]),
-                                           out / f"rag-server-{cfg['tier']}-{role}.log.tmp", extra)
+            procs[role] = run.start_server(
+                cfg["models"][role],
+                ports[role],
+                dict(cfg["options"][role]),
+                out / f"rag-server-{cfg['tier']}-{role}.log.tmp",
+                extra,
+            )
         log(f"three servers: launched, ports {ports} (logs: {out}/rag-server-*.log.tmp)")
         return asyncio.run(servers_main(cfg, ports, procs, t0))
     finally:
@@ -134,34 +143,51 @@ async def servers_main(cfg: dict, ports: dict, procs: dict, t0: float) -> dict[s
     from llama_index.llms.openai_like import OpenAILike
 
     for role, proc in procs.items():  # launched together: the last one to be ready counts
-        await asyncio.to_thread(run.wait_healthy, f"http://127.0.0.1:{ports[role]}/health",
-                                proc, 900, 0.1)
+        await asyncio.to_thread(
+            run.wait_healthy, f"http://127.0.0.1:{ports[role]}/health", proc, 900, 0.1
+        )
     url = {role: f"http://127.0.0.1:{port}/v1" for role, port in ports.items()}
     m = cfg["models"]
     # Greedy as the other side, and the end-of-turn ids the engine stops at: the servers stop
     # only at generation_config's eos otherwise (Gemma 3 270M's lists <eos> alone).
-    body = {"repetition_penalty": SAMPLING["repetition_penalty"],
-            "stop_token_ids": cfg["stop_token_ids"]}
+    body = {
+        "repetition_penalty": SAMPLING["repetition_penalty"],
+        "stop_token_ids": cfg["stop_token_ids"],
+    }
     common = {"api_key": "EMPTY", "max_retries": 0, "timeout": 300}
     sampling = {"max_tokens": MAX_TOKENS, "temperature": SAMPLING["temperature"]}
-    chat = ChatOpenAI(model=m["chat"], base_url=url["chat"], streaming=True, stream_usage=True,
-                      extra_body=body, **sampling, **common)
-    emb = OpenAIEmbeddings(model=m["embedder"], base_url=url["embedder"],
-                           check_embedding_ctx_length=False, **common)
-    li_llm = OpenAILike(model=m["chat"], api_base=url["chat"], is_chat_model=True,
-                        context_window=cfg["options"]["chat"]["max_model_len"],
-                        additional_kwargs={"extra_body": body}, **sampling, **common)
+    chat = ChatOpenAI(
+        model=m["chat"],
+        base_url=url["chat"],
+        streaming=True,
+        stream_usage=True,
+        extra_body=body,
+        **sampling,
+        **common,
+    )
+    emb = OpenAIEmbeddings(
+        model=m["embedder"], base_url=url["embedder"], check_embedding_ctx_length=False, **common
+    )
+    li_llm = OpenAILike(
+        model=m["chat"],
+        api_base=url["chat"],
+        is_chat_model=True,
+        context_window=cfg["options"]["chat"]["max_model_len"],
+        additional_kwargs={"extra_body": body},
+        **sampling,
+        **common,
+    )
     li_emb = OpenAILikeEmbedding(model_name=m["embedder"], api_base=url["embedder"], **common)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{ports['reranker']}",
-                                 timeout=300) as client:  # one client, kept alive: its pool
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{ports['reranker']}", timeout=300
+    ) as client:  # one client, kept alive: its pool
 
         async def rerank(docs: list[Any], q: str) -> list[Any]:
             texts = [d.page_content for d in docs]
             return [docs[i] for i in await server_rerank(client, m["reranker"], q, texts)]
 
         li_parts = (li_llm, li_emb, http_postprocessor(client, m["reranker"]))
-        return await both_apps("three servers", t0, (chat, emb, rerank), li_parts, cfg,
-                               questions())
+        return await both_apps("three servers", t0, (chat, emb, rerank), li_parts, cfg, questions())
 
 
 # -- the parent: models, one child per side, the table ------------------------------------------
@@ -218,8 +244,12 @@ def run_side(side: str, cfg: dict[str, Any], scratch: pathlib.Path) -> dict[str,
     ``run.start_server``); on an error or Ctrl-C stop it, by its pid."""
     cfg_path, result_path = scratch / f"{side}.json", scratch / f"{side}-result.json"
     cfg_path.write_text(json.dumps({**cfg, "result": str(result_path)}))
-    child = subprocess.Popen([sys.executable, __file__, "--side", side, "--config", str(cfg_path)],
-                             stdout=sys.stderr, process_group=0, env=run.USER_ENV)
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--side", side, "--config", str(cfg_path)],
+        stdout=sys.stderr,
+        process_group=0,
+        env=run.USER_ENV,
+    )
     try:
         if child.wait() != 0:
             raise RuntimeError(f"the {side} side failed (exit {child.returncode}): see stderr")
@@ -265,37 +295,64 @@ def figure(res: dict[str, Any], side: str, fw: str, key: str) -> float | None:
 def table(tier: str, res: dict[str, Any], cfg: dict[str, Any]) -> str:
     """The markdown table, then the floor lines."""
     m, fl = cfg["models"], res["one_process"]["floor"]
-    out = [f"\n== {tier}: chat {m['chat']}, embedder {m['embedder']}, reranker {m['reranker']}; "
-           f"{cfg['turns']} turns at c=1, {cfg['c16_turns']} at c={CONCURRENCY}, top {RETRIEVE} "
-           f"of {CHUNKS:,} -> {KEEP}, max_tokens={MAX_TOKENS} ==\n",
-           "| figure | one process (LangChain) | one process (LlamaIndex) | three servers "
-           "(LangChain) | three servers (LlamaIndex) | ratio (one process / three servers): "
-           "LangChain, LlamaIndex |", "|---|---|---|---|---|---|"]
+    out = [
+        (
+            f"\n== {tier}: chat {m['chat']}, embedder {m['embedder']}, reranker {m['reranker']}; "
+            f"{cfg['turns']} turns at c=1, {cfg['c16_turns']} at c={CONCURRENCY}, top {RETRIEVE} "
+            f"of {CHUNKS:,} -> {KEEP}, max_tokens={MAX_TOKENS} ==\n"
+        ),
+        (
+            "| figure | one process (LangChain) | one process (LlamaIndex) | three servers "
+            "(LangChain) | three servers (LlamaIndex) | ratio (one process / three servers): "
+            "LangChain, LlamaIndex |"
+        ),
+        "|---|---|---|---|---|---|",
+    ]
     for label, key, fmt in ROWS:
         v = {(s, fw): figure(res, s, fw, key) for s in SIDES for fw in FRAMEWORKS}
         cells = ["-" if x is None else format(x, fmt) for x in v.values()]
-        ratios = [f"{a / b:.2f}" if a and b else "-"
-                  for a, b in ((v[SIDES[0], fw], v[SIDES[1], fw]) for fw in FRAMEWORKS)]
+        ratios = [
+            f"{a / b:.2f}" if a and b else "-"
+            for a, b in ((v[SIDES[0], fw], v[SIDES[1], fw]) for fw in FRAMEWORKS)
+        ]
         out.append(f"| {label} | {' | '.join(cells)} | {', '.join(ratios)} |")
     p, ttft = fl["p50_ms"], {fw: figure(res, "one_process", fw, "ttft_p50_ms") for fw in FRAMEWORKS}
-    out += ["", f"floor, raw vLLM on the one-process engines (p50 of {cfg['turns']} turns, ms): "
+    out += [
+        "",
+        (
+            f"floor, raw vLLM on the one-process engines (p50 of {cfg['turns']} turns, ms): "
             f"Engine.aembed(question) {p['embed']:.1f} + numpy top-{RETRIEVE} {p['search']:.2f} + "
             f"Engine.ascore({RETRIEVE} pairs) {p['score']:.1f} + raw AsyncLLM first token "
             f"{p['raw_ttft']:.1f} = {fl['turn_ttft_ms']:.1f} ms (Engine.astream first token "
             f"{p['engine_ttft']:.1f}; Engine.aembed of the {CHUNKS:,} chunks {fl['index_s']:.2f} "
-            f"s; longest prompt {fl['max_prompt_tokens']} tokens)",
-            "one-process TTFT p50 / floor: " + ", ".join(
-                f"{fw} {ttft[fw] / fl['turn_ttft_ms']:.2f}x" for fw in FRAMEWORKS), "",
+            f"s; longest prompt {fl['max_prompt_tokens']} tokens)"
+        ),
+        "one-process TTFT p50 / floor: "
+        + ", ".join(f"{fw} {ttft[fw] / fl['turn_ttft_ms']:.2f}x" for fw in FRAMEWORKS),
+        "",
+        (
             f"each step of the LangChain turn alone (p50 of {cfg['turns']}, ms; the store's "
-            "top 8 against numpy's):", "", "| step | floor | one process | three servers | "
-            "three servers - one process |", "|---|---|---|---|---|"]
+            "top 8 against numpy's):"
+        ),
+        "",
+        "| step | floor | one process | three servers | three servers - one process |",
+        "|---|---|---|---|---|",
+    ]
     st = [res[side]["steps_p50_ms"] for side in SIDES]
     rows = [(k, p[FLOOR_OF[k]], st[0][k], st[1][k]) for k in CLIENT_STEPS]
-    rows += [("sum", fl["turn_ttft_ms"], sum(st[0].values()), sum(st[1].values())),
-             ("the chain's TTFT", None, ttft["langchain"],
-              figure(res, SIDES[1], "langchain", "ttft_p50_ms"))]
-    out += [f"| {k} | {'-' if f is None else f'{f:.1f}'} | {a:.1f} | {b:.1f} | {b - a:+.1f} |"
-            for k, f, a, b in rows]
+    rows += [
+        ("sum", fl["turn_ttft_ms"], sum(st[0].values()), sum(st[1].values())),
+        (
+            "the chain's TTFT",
+            None,
+            ttft["langchain"],
+            figure(res, SIDES[1], "langchain", "ttft_p50_ms"),
+        ),
+    ]
+    out += [
+        f"| {k} | {'-' if f is None else f'{f:.1f}'} | {a:.1f} | {b:.1f} | {b - a:+.1f} |"
+        for k, f, a, b in rows
+    ]
     return "\n".join(out)
 
 
@@ -312,13 +369,21 @@ def meta(cfg: dict[str, Any], started: float) -> dict[str, Any]:
     """What the JSON file says about the run."""
     from importlib.metadata import version
 
-    clients = ("openai", "httpx", "llama-index-llms-openai-like",
-               "llama-index-embeddings-openai-like")
-    return {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count(),
-            "command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
-            "elapsed_s": round(time.perf_counter() - started, 1), "config": cfg,
-            "sampling": {**SAMPLING, "max_tokens":
-            MAX_TOKENS}, "versions": {**run.versions(), **{n: version(n) for n in clients}}}
+    clients = (
+        "openai",
+        "httpx",
+        "llama-index-llms-openai-like",
+        "llama-index-embeddings-openai-like",
+    )
+    return {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
+        "elapsed_s": round(time.perf_counter() - started, 1),
+        "config": cfg,
+        "sampling": {**SAMPLING, "max_tokens": MAX_TOKENS},
+        "versions": {**run.versions(), **{n: version(n) for n in clients}},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -341,10 +406,16 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="rag-bench-") as tmp:
             models = build_models(tier)
             chat_flags, stop_ids = chat_setup(models["chat"], pathlib.Path(tmp))
-            cfg = {"tier": tier, "models": models, "turns": args.turns,
-                   "options": {role: engine_options(m) for role, m in models.items()},
-                   "c16_turns": args.c16_turns, "chat_flags": chat_flags,
-                   "stop_token_ids": stop_ids, "out": str(out)}
+            cfg = {
+                "tier": tier,
+                "models": models,
+                "turns": args.turns,
+                "options": {role: engine_options(m) for role, m in models.items()},
+                "c16_turns": args.c16_turns,
+                "chat_flags": chat_flags,
+                "stop_token_ids": stop_ids,
+                "out": str(out),
+            }
             res = {}
             for side in SIDES:  # one side at a time
                 log(f"{tier}: {side.replace('_', ' ')}")

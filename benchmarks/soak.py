@@ -33,7 +33,9 @@ from stress import snapshot  # this process's RSS, threads, descriptors; the eng
 USER_TEXT = "hi"
 
 
-def make_calls(model: str, engine_kwargs: dict[str, Any]) -> list[Callable[[bool], Awaitable[None]]]:
+def make_calls(
+    model: str, engine_kwargs: dict[str, Any]
+) -> list[Callable[[bool], Awaitable[None]]]:
     """The four calls, each ``call(leave_early)``."""
     from llama_index.core.base.llms.types import ChatMessage
 
@@ -82,8 +84,12 @@ def sample(engine: Any, done: int, started: float) -> dict[str, Any]:
 
 
 async def soak(
-    calls: list[Callable[[bool], Awaitable[None]]], engine: Any, requests: int, concurrency: int,
-    every: int, offset: int = 0,
+    calls: list[Callable[[bool], Awaitable[None]]],
+    engine: Any,
+    requests: int,
+    concurrency: int,
+    every: int,
+    offset: int = 0,
 ) -> list[dict[str, Any]]:
     """Run ``requests`` calls, ``concurrency`` at a time; a sample every ``every`` requests
     (numbered from ``offset``)."""
@@ -127,9 +133,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     scripted = scripted_model("llama3", root=args.root)
     engine = scripted.engine.start()
     calls = make_calls(scripted.path, scripted.engine_kwargs)
-    print(f"model {scripted.path}; {args.requests} requests, {args.concurrency} at a time, "
-          f"calls: ChatVLLM.stream, ChatVLLM.astream, ChatVLLM.ainvoke, VLLM.astream_chat; "
-          "every 4th stream left after its first chunk", flush=True)
+    print(
+        f"model {scripted.path}; {args.requests} requests, {args.concurrency} at a time, "
+        f"calls: ChatVLLM.stream, ChatVLLM.astream, ChatVLLM.ainvoke, VLLM.astream_chat; "
+        "every 4th stream left after its first chunk",
+        flush=True,
+    )
 
     async def run() -> list[dict[str, Any]]:
         warm = await soak(calls, engine, args.warmup, args.concurrency, args.every)
@@ -145,8 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             grown = tracemalloc.take_snapshot().compare_to(before, "traceback")
             print("\nallocation sites that grew most after the warm-up (tracemalloc):")
             for stat in grown[:10]:
-                print(f"  {stat.size_diff / 1024:+9.1f} KiB  {stat.count_diff:+7d} blocks  "
-                      f"{stat.traceback.format()[-1].strip()}")
+                print(
+                    f"  {stat.size_diff / 1024:+9.1f} KiB  {stat.count_diff:+7d} blocks  "
+                    f"{stat.traceback.format()[-1].strip()}"
+                )
         return warm + rest[1:]
 
     started = time.monotonic()
@@ -155,11 +166,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     xs = [s["requests"] for s in after]
     growth = slope_per_10k(xs, [s["rss_mb"] for s in after])
     rate = args.requests / (time.monotonic() - started)
-    print(f"\n{args.requests} requests in {time.monotonic() - started:.0f} s ({rate:.0f}/s); "
-          "tasks and unfinished are sampled while the other workers' requests run")
-    print(f"RSS after the warm-up: {after[0]['rss_mb']} -> {after[-1]['rss_mb']} MiB, "
-          f"fitted growth {growth:+.2f} MiB per 10,000 requests (target under 1)"
-          + (" (tracemalloc's own bookkeeping included)" if args.tracemalloc else ""))
+    print(
+        f"\n{args.requests} requests in {time.monotonic() - started:.0f} s ({rate:.0f}/s); "
+        "tasks and unfinished are sampled while the other workers' requests run"
+    )
+    print(
+        f"RSS after the warm-up: {after[0]['rss_mb']} -> {after[-1]['rss_mb']} MiB, "
+        f"fitted growth {growth:+.2f} MiB per 10,000 requests (target under 1)"
+        + (" (tracemalloc's own bookkeeping included)" if args.tracemalloc else "")
+    )
     for key in ("threads", "fds", "tasks", "unfinished"):
         values = [s[key] for s in after]
         print(f"{key}: {min(values)}-{max(values)}")

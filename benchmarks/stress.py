@@ -70,11 +70,15 @@ def make_paths(model: str, engine_kwargs: dict[str, Any]) -> dict[str, Path]:
     user = [{"role": "user", "content": USER_TEXT}]
     endless = {"max_tokens": LONG_TOKENS, "ignore_eos": True}
     chat = ChatVLLM(
-        model=model, vllm_kwargs=engine_kwargs, max_tokens=LONG_TOKENS,
+        model=model,
+        vllm_kwargs=engine_kwargs,
+        max_tokens=LONG_TOKENS,
         extra_sampling={"ignore_eos": True},
     )
     llm = VLLM(
-        model=model, vllm_kwargs=engine_kwargs, max_tokens=LONG_TOKENS,
+        model=model,
+        vllm_kwargs=engine_kwargs,
+        max_tokens=LONG_TOKENS,
         additional_kwargs={"ignore_eos": True},
     )
     li_user = [ChatMessage(role="user", content=USER_TEXT)]
@@ -92,15 +96,21 @@ def make_paths(model: str, engine_kwargs: dict[str, Any]) -> dict[str, Path]:
     plain_llm = VLLM(model=model, vllm_kwargs=engine_kwargs)
     return {
         "engine": Path(
-            "engine", engine_aopen, lambda: engine.stream(user, **endless),
+            "engine",
+            engine_aopen,
+            lambda: engine.stream(user, **endless),
             lambda: "".join(d.text for d in engine.stream(user)),
         ),
         "langchain": Path(
-            "langchain", chat_aopen, lambda: chat.stream(USER_TEXT),
+            "langchain",
+            chat_aopen,
+            lambda: chat.stream(USER_TEXT),
             lambda: str(plain_chat.invoke(USER_TEXT).content),
         ),
         "llama_index": Path(
-            "llama_index", llm_aopen, lambda: llm.stream_chat(li_user),
+            "llama_index",
+            llm_aopen,
+            lambda: llm.stream_chat(li_user),
             lambda: plain_llm.chat(li_user).message.content or "",
         ),
     }
@@ -221,7 +231,9 @@ async def storm(
     return result
 
 
-async def finished_requests(engine: Any, streams: int, concurrency: int, tokens: int = 3) -> StormResult:
+async def finished_requests(
+    engine: Any, streams: int, concurrency: int, tokens: int = 3
+) -> StormResult:
     """The control: ``streams`` short requests read to their end (no cancellation)."""
     sem = asyncio.Semaphore(concurrency)
     user = [{"role": "user", "content": USER_TEXT}]
@@ -291,7 +303,13 @@ def _delta(before: dict[str, Any], after: dict[str, Any]) -> str:
 
 
 async def _phase(
-    name: str, paths: Sequence[Path], engine: Any, streams: int, concurrency: int, *, control: bool = False
+    name: str,
+    paths: Sequence[Path],
+    engine: Any,
+    streams: int,
+    concurrency: int,
+    *,
+    control: bool = False,
 ) -> bool:
     print(f"\n== {name}: {streams} streams, {concurrency} concurrent ==", flush=True)
     gc.collect()
@@ -316,7 +334,7 @@ async def _phase(
     )
     for e in result.errors[:3]:
         print(f"    error: {type(e).__name__}: {e}", flush=True)
-    print(f"  drain         {'%.3f s' % drained if drained is not None else '> 1 s'}", flush=True)
+    print(f"  drain         {f'{drained:.3f} s' if drained is not None else '> 1 s'}", flush=True)
     _show("after", right_after)
     _show("after gc", after)
     print(f"  change        {_delta(before, after)}", flush=True)
@@ -329,7 +347,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64, help="streams at once (64)")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of the mixed phase (1)")
     parser.add_argument(
-        "--control", action="store_true",
+        "--control",
+        action="store_true",
         help="first run as many short requests read to the end (no cancellation), for comparison",
     )
     parser.add_argument("--root", default=None, help="where scripted models are built")
@@ -354,14 +373,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         good = True
         if args.control:
             good &= await _phase(
-                "control: 3-token requests read to the end", [], engine, args.streams,
-                args.concurrency, control=True,
+                "control: 3-token requests read to the end",
+                [],
+                engine,
+                args.streams,
+                args.concurrency,
+                control=True,
             )
         for name, path in paths.items():
             good &= await _phase(name, [path], engine, args.streams, args.concurrency)
         for r in range(1, args.rounds + 1):
             good &= await _phase(
-                f"all paths mixed, round {r}", list(paths.values()), engine, args.streams, args.concurrency
+                f"all paths mixed, round {r}",
+                list(paths.values()),
+                engine,
+                args.streams,
+                args.concurrency,
             )
         return good
 
@@ -372,7 +399,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = path.answer()
         right = text == answer
         ok &= right
-        print(f"  {name:<12} {'ok' if right else 'WRONG'} in {time.monotonic() - t:.2f} s: {text[:48]!r}...", flush=True)
+        print(
+            f"  {name:<12} {'ok' if right else 'WRONG'} in {time.monotonic() - t:.2f} s: {text[:48]!r}...",
+            flush=True,
+        )
     t = time.monotonic()
     engine.shutdown()
     print(f"\nshutdown in {time.monotonic() - t:.1f} s; {'PASS' if ok else 'FAIL'}", flush=True)

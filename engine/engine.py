@@ -233,7 +233,8 @@ class Engine:
             return []
         options = {"truncate": truncate, "normalize": normalize, "batch_size": batch_size}
         return self._run(
-            lambda runtime: embeddings.embed(runtime, items, **options), instead="engine.aembed(...)"
+            lambda runtime: embeddings.embed(runtime, items, **options),
+            instead="engine.aembed(...)",
         )
 
     async def ascore(
@@ -319,8 +320,13 @@ class Engine:
     def _request(self, messages: Any, options: Mapping[str, Any]) -> Request:
         runtime = self._runtime
         limit = runtime.max_model_len if runtime else None
-        return build_request(messages, options, adapters=self.adapters, max_model_len=limit,
-                             engine_options=self.vllm_kwargs)
+        return build_request(
+            messages,
+            options,
+            adapters=self.adapters,
+            max_model_len=limit,
+            engine_options=self.vllm_kwargs,
+        )
 
     async def _arun(self, job: Callable[[Runtime], Coroutine[Any, Any, T]]) -> T:
         """Run ``job(runtime)`` on the engine loop and await it from the caller's loop."""
@@ -336,8 +342,12 @@ class Engine:
 
 def _render_options(prompt: Any, tools: Any, template: Any, kwargs: Any) -> dict[str, Any]:
     """The request options of ``prompt_token_ids``: what rendering takes, no sampling."""
-    return {"prompt": prompt, "tools": tools, "chat_template": template,
-            "chat_template_kwargs": kwargs}
+    return {
+        "prompt": prompt,
+        "tools": tools,
+        "chat_template": template,
+        "chat_template_kwargs": kwargs,
+    }
 
 
 # -- the registry --------------------------------------------------------------------------
@@ -395,5 +405,6 @@ def _register_exit() -> None:
             # multiprocessing's atexit hook joins the engine cores, forever if it runs first (as
             # once multiprocessing.get_logger() re-registers it); its finalizers precede the join.
             from multiprocessing import util
+
             util.Finalize(None, _at_exit, exitpriority=0)
             _exit_registered = True

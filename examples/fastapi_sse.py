@@ -60,7 +60,9 @@ def create_app(model: str | None = None) -> FastAPI:
                     yield sse(chunk.text)
                 if chunk.usage_metadata:
                     finish = chunk.response_metadata.get("finish_reason")
-                    yield sse(json.dumps({**chunk.usage_metadata, "finish_reason": finish}), "usage")
+                    yield sse(
+                        json.dumps({**chunk.usage_metadata, "finish_reason": finish}), "usage"
+                    )
             yield sse("[DONE]", "done")
 
         return StreamingResponse(events(), media_type="text/event-stream")

@@ -43,7 +43,9 @@ def main(model: str | None = None, question: str = "What is the weather in Oslo?
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="hub id or local path (default: scripted tool-calling model)")
+    parser.add_argument(
+        "--model", help="hub id or local path (default: scripted tool-calling model)"
+    )
     parser.add_argument("--question", default="What is the weather in Oslo?")
     args = parser.parse_args()
     main(args.model, args.question)

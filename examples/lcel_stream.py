@@ -1,7 +1,7 @@
 """An LCEL chain streaming its answer to stdout, token by token.
 
-    python examples/lcel_stream.py                           # embedded scripted model
-    python examples/lcel_stream.py --model Qwen/Qwen3-0.6B   # a real model
+python examples/lcel_stream.py                           # embedded scripted model
+python examples/lcel_stream.py --model Qwen/Qwen3-0.6B   # a real model
 """
 
 from __future__ import annotations

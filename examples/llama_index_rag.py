@@ -17,12 +17,18 @@ from vllm_inline.cli import resolve_model
 from vllm_inline.integrations.llama_index import VLLM
 
 DOCUMENTS = [
-    "vllm-inline runs the vLLM engine inside the Python process of the application. "
-    "There is no HTTP server and no network hop between the framework and the engine.",
-    "Streaming: each token vLLM generates reaches the LangChain or LlamaIndex stream as "
-    "soon as it is decoded.",
-    "Stop tokens: the engine stops at the end-of-turn tokens of the model family, so no "
-    "second turn is ever invented.",
+    (
+        "vllm-inline runs the vLLM engine inside the Python process of the application. "
+        "There is no HTTP server and no network hop between the framework and the engine."
+    ),
+    (
+        "Streaming: each token vLLM generates reaches the LangChain or LlamaIndex stream as "
+        "soon as it is decoded."
+    ),
+    (
+        "Stop tokens: the engine stops at the end-of-turn tokens of the model family, so no "
+        "second turn is ever invented."
+    ),
 ]
 
 

@@ -61,22 +61,48 @@ from vllm_inline.engine.stream.openai_format import (
 
 # OpenAI request fields handed to the engine under the same name and meaning.
 OPENAI_SAMPLING = (
-    "temperature", "top_p", "stop", "seed", "n", "presence_penalty", "frequency_penalty",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
 )
 # vLLM's own extras, as `vllm serve` takes them next to OpenAI's fields (`extra_body=` in the SDK).
 VLLM_EXTRAS = (
-    "repetition_penalty", "top_k", "min_p", "min_tokens", "ignore_eos", "stop_token_ids",
+    "repetition_penalty",
+    "top_k",
+    "min_p",
+    "min_tokens",
+    "ignore_eos",
+    "stop_token_ids",
     "chat_template_kwargs",
 )
 # Read by the route itself, or OpenAI fields with no effect on a model in this process.
 IGNORED = (
-    "model", "messages", "stream", "stream_options", "user", "store", "metadata",
-    "service_tier", "parallel_tool_calls", "prompt_cache_key", "safety_identifier",
+    "model",
+    "messages",
+    "stream",
+    "stream_options",
+    "user",
+    "store",
+    "metadata",
+    "service_tier",
+    "parallel_tool_calls",
+    "prompt_cache_key",
+    "safety_identifier",
 )
 # Translated below.
 HANDLED = (
-    "max_tokens", "max_completion_tokens", "tools", "tool_choice", "response_format", "logprobs",
-    "top_logprobs", "logit_bias",
+    "max_tokens",
+    "max_completion_tokens",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
 )
 
 
@@ -195,7 +221,9 @@ class Guard:
                 if scope["type"] == "websocket":
                     return await send({"type": "websocket.close", "code": 1008})
                 # vllm serve answers {"error": "Unauthorized"}; OpenAI clients read this shape.
-                reason = "the API key is not valid" if scheme else "send Authorization: Bearer <key>"
+                reason = (
+                    "the API key is not valid" if scheme else "send Authorization: Bearer <key>"
+                )
                 error = openai_error(401, f"Unauthorized: {reason}.", code="invalid_api_key")
                 error.headers["WWW-Authenticate"] = "Bearer"
                 return await error(scope, receive, send)
@@ -324,15 +352,20 @@ def create_app(
             return openai_error(400, "The request body must be a JSON object.")
         if body.get("model") != model_id:
             return openai_error(
-                404, f"The model {body.get('model')!r} does not exist; this server has "
-                f"{model_id!r} (see /v1/models).", "model", "model_not_found",
+                404,
+                f"The model {body.get('model')!r} does not exist; this server has "
+                f"{model_id!r} (see /v1/models).",
+                "model",
+                "model_not_found",
             )
         check_caps(body, max_tokens_cap, max_n)
         kwargs = engine_kwargs(body)
         if max_tokens_cap is not None and "max_tokens" not in kwargs:
             kwargs["max_tokens"] = min(max_tokens_cap, DEFAULTS["max_tokens"])
         meta = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}", "model": model_id, "created": int(time.time()),
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "model": model_id,
+            "created": int(time.time()),
         }
         deltas = engine.astream(body.get("messages"), **kwargs)
         stream = bool(body.get("stream"))
@@ -399,8 +432,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--served-model-name", help="the id clients send as `model`")
     parser.add_argument(
-        "--vllm-kwargs", type=json.loads,
-        help='engine options as JSON, e.g. \'{"max_model_len": 4096}\' (default: the engine\'s choice)',
+        "--vllm-kwargs",
+        type=json.loads,
+        help="engine options as JSON, e.g. '{\"max_model_len\": 4096}' (default: the engine's choice)",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -408,11 +442,14 @@ def main(argv: list[str] | None = None) -> None:
         "--api-key", help="require `Authorization: Bearer KEY` on /v1 (default: $VLLM_API_KEY)"
     )
     parser.add_argument(
-        "--max-body-bytes", type=int, default=MAX_BODY_BYTES,
+        "--max-body-bytes",
+        type=int,
+        default=MAX_BODY_BYTES,
         help="refuse larger request bodies (413; default: %(default)s)",
     )
     parser.add_argument(
-        "--max-tokens-cap", type=int,
+        "--max-tokens-cap",
+        type=int,
         help="refuse a larger max_tokens / max_completion_tokens (default: the model's context)",
     )
     parser.add_argument(
@@ -420,8 +457,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     app = create_app(
-        args.model, args.served_model_name, api_key=args.api_key,
-        max_body_bytes=args.max_body_bytes, max_tokens_cap=args.max_tokens_cap, max_n=args.max_n,
+        args.model,
+        args.served_model_name,
+        api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes,
+        max_tokens_cap=args.max_tokens_cap,
+        max_n=args.max_n,
         vllm_kwargs=args.vllm_kwargs,
     )
     uvicorn.run(app, host=args.host, port=args.port)

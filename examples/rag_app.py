@@ -64,10 +64,12 @@ def langchain_app(model: str, embedder: str, reranker: str) -> Any:
         lambda question: rerank.compress_documents(retriever.invoke(question), question)
     )
     answer = (
-        RunnableLambda(lambda x: {
-            "context": "\n".join(d.page_content for d in x["sources"]),
-            "question": x["question"],
-        })
+        RunnableLambda(
+            lambda x: {
+                "context": "\n".join(d.page_content for d in x["sources"]),
+                "question": x["question"],
+            }
+        )
         | ChatPromptTemplate.from_messages([("human", PROMPT)])
         | llm
         | StrOutputParser()

@@ -174,9 +174,7 @@ def shared_engines_left_as_found(request: pytest.FixtureRequest) -> Iterator[Non
     vLLM engine (not restarted, not dead) and has no request left in flight. A module that
     needs to kill, restart or reconfigure an engine uses one of its own (other options)."""
     models = request.config.stash.get(_MODELS, {})
-    before = {
-        name: (s.engine, s.engine.runtime) for name, s in models.items() if s.engine.started
-    }
+    before = {name: (s.engine, s.engine.runtime) for name, s in models.items() if s.engine.started}
     yield
     for name, (engine, runtime) in before.items():
         assert engine.started and engine.runtime is runtime, (

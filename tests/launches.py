@@ -62,8 +62,13 @@ class Launches:
             return
         cmd = COMMANDS[name](self._tmp.mktemp(name))
         process = subprocess.Popen(
-            cmd.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, env=cmd.env, cwd=cmd.cwd,
+            cmd.argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=cmd.env,
+            cwd=cmd.cwd,
         )
         running = _Running(process, threading.Thread(target=lambda: None))
 
@@ -74,7 +79,9 @@ class Launches:
                 process.kill()
                 out, err = process.communicate()
                 err += f"\n[killed after {cmd.timeout} s]"
-            running.result.append(subprocess.CompletedProcess(cmd.argv, process.returncode, out, err))
+            running.result.append(
+                subprocess.CompletedProcess(cmd.argv, process.returncode, out, err)
+            )
 
         running.reader = threading.Thread(target=read, name=f"launch-{name}", daemon=True)
         running.reader.start()

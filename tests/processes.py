@@ -73,7 +73,9 @@ def alive(processes: Iterable[psutil.Process]) -> list[psutil.Process]:
 
 
 def wait_gone(
-    processes: list[psutil.Process], entries: set[str], timeout: float,
+    processes: list[psutil.Process],
+    entries: set[str],
+    timeout: float,
     since: float | None = None,
 ) -> tuple[list[psutil.Process], set[str], float]:
     """Wait up to ``timeout`` s (counted from ``since``, a ``time.monotonic()``, if given) for
@@ -134,8 +136,10 @@ class Footprint:
         how long that took (shown with ``pytest -s``) and fail naming what is left."""
         since = time.monotonic() if since is None else since
         left, shm_left, waited = wait_gone(self.processes, self.shm, bound, since)
-        print(f"{what}: {len(self.processes)} processes and {len(self.shm)} /dev/shm entries "
-              f"gone in {waited:.1f} s")
+        print(
+            f"{what}: {len(self.processes)} processes and {len(self.shm)} /dev/shm entries "
+            f"gone in {waited:.1f} s"
+        )
         if left or shm_left:  # slow or never: wait a while longer to tell which
             late = f"{describe(left)} {sorted(shm_left)}"
             still, shm_still, waited = wait_gone(left, shm_left, 3 * bound, since)

@@ -122,8 +122,12 @@ def test_engine_processes_start_with_the_filters_and_their_own_sitecustomize(
         """
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-        env={**os.environ, **environment}, check=False,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **environment},
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "ok\n"

@@ -45,7 +45,9 @@ def test_demo_streams_through_engine_langchain_and_llama_index(launches: Launche
         assert ANSWER in lines, part
         match = SUMMARY.fullmatch(lines[lines.index(ANSWER) + 1])
         assert match, part
-        assert int(match[1]) == len(SCENARIOS["demo"].script[: SCENARIOS["demo"].script.index("<|eot_id|>") + 1])
+        assert int(match[1]) == len(
+            SCENARIOS["demo"].script[: SCENARIOS["demo"].script.index("<|eot_id|>") + 1]
+        )
     assert "hallucinated" not in out  # the invented turn after <|eot_id|> never shows
     assert "Starting vLLM" in result.stderr  # the progress line
     # The demo model's generation_config.json sets temperature 0.6 and top_p 0.9: used, and said.
@@ -63,7 +65,11 @@ def test_chat_answers_a_line_from_stdin(launches: Launches) -> None:
 
 def test_help_lists_both_commands() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "vllm_inline", "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "vllm_inline", "--help"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0
     assert "demo" in result.stdout and "chat" in result.stdout
@@ -76,7 +82,10 @@ def test_version_is_the_installed_distributions() -> None:
 
     assert vllm_inline.__version__ == version("vllm-inline")
     result = subprocess.run(
-        [sys.executable, "-m", "vllm_inline", "--version"], capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "vllm_inline", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
         check=False,
     )
     assert result.returncode == 0, result.stderr

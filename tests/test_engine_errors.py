@@ -28,9 +28,19 @@ BAD_REQUESTS = [
     ("messages-not-a-list", "hello", {}, "messages"),
     ("message-without-role", [{"content": "hi"}], {}, "messages[0].role"),
     ("unknown-role", [{"role": "wizard", "content": "hi"}], {}, "messages[0].role"),
-    ("image-content", [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], {}, "messages[0].content[0]"),
+    (
+        "image-content",
+        [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+        {},
+        "messages[0].content[0]",
+    ),
     ("none-content", [{"role": "user", "content": None}], {}, "messages[0].content"),
-    ("tool-without-id", [*USER, {"role": "tool", "content": "sunny"}], {}, "messages[1].tool_call_id"),
+    (
+        "tool-without-id",
+        [*USER, {"role": "tool", "content": "sunny"}],
+        {},
+        "messages[1].tool_call_id",
+    ),
     ("max-tokens-zero", USER, {"max_tokens": 0}, "max_tokens"),
     ("max-tokens-negative", USER, {"max_tokens": -5}, "max_tokens"),
     ("max-tokens-over-context", USER, {"max_tokens": 100_000}, "max_tokens"),
@@ -43,14 +53,43 @@ BAD_REQUESTS = [
     ("stop-empty-string", USER, {"stop": ""}, "stop"),
     ("unknown-sampling-key", USER, {"temprature": 0.3}, "temprature"),
     ("malformed-tool", USER, {"tools": [{"type": "function"}]}, "tools[0]"),
-    ("tool-params-not-object", USER, {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]}, "tools[0].function.parameters"),
-    ("tool-choice-unknown-tool", USER, {"tools": [WEATHER], "tool_choice": "get_time"}, "tool_choice"),
+    (
+        "tool-params-not-object",
+        USER,
+        {
+            "tools": [
+                {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}
+            ]
+        },
+        "tools[0].function.parameters",
+    ),
+    (
+        "tool-choice-unknown-tool",
+        USER,
+        {"tools": [WEATHER], "tool_choice": "get_time"},
+        "tool_choice",
+    ),
     ("tool-choice-without-tools", USER, {"tool_choice": "required"}, "tool_choice"),
     ("unknown-tool-parser", USER, {"tools": [WEATHER], "tool_parser": "nope"}, "tool_parser"),
     ("unknown-reasoning-parser", USER, {"reasoning_parser": "nope"}, "reasoning_parser"),
-    ("invalid-json-schema", USER, {"structured_outputs": {"json": {"type": "no-such-type"}}}, "structured_outputs"),
-    ("structured-outputs-not-a-mapping", USER, {"structured_outputs": "json"}, "structured_outputs"),
-    ("two-structured-kinds", USER, {"structured_outputs": {"json": {"type": "object"}, "regex": "a+"}}, "structured_outputs"),
+    (
+        "invalid-json-schema",
+        USER,
+        {"structured_outputs": {"json": {"type": "no-such-type"}}},
+        "structured_outputs",
+    ),
+    (
+        "structured-outputs-not-a-mapping",
+        USER,
+        {"structured_outputs": "json"},
+        "structured_outputs",
+    ),
+    (
+        "two-structured-kinds",
+        USER,
+        {"structured_outputs": {"json": {"type": "object"}, "regex": "a+"}},
+        "structured_outputs",
+    ),
 ]
 
 

@@ -22,15 +22,39 @@ from vllm_inline.engine import get_engine
 
 @pytest.mark.smoke
 def test_engine_exports_are_pinned():
-    assert sorted(engine_module.__all__) == sorted([
-        "DEFAULTS", "BadRequestError", "ChatTemplateError", "ContextLengthExceededError",
-        "Delta", "Engine", "EngineBusyError", "EngineDeadError", "EngineShutdownError",
-        "EngineStats", "EngineUnavailableError", "GenerationFailedError", "InsufficientMemoryError", "ModelLoadError", "ParallelLayoutError",
-        "RequestMetrics",
-        "RequestTimeoutError", "StatsDisabledError", "StopPolicy", "TokenLogprob", "ToolCallDelta",
-        "UnsupportedTaskError", "Usage", "VLLMInlineError", "get_engine", "prometheus_registry",
-        "shutdown_all", "shutdown_engines", "start_engines",
-    ])
+    assert sorted(engine_module.__all__) == sorted(
+        [
+            "DEFAULTS",
+            "BadRequestError",
+            "ChatTemplateError",
+            "ContextLengthExceededError",
+            "Delta",
+            "Engine",
+            "EngineBusyError",
+            "EngineDeadError",
+            "EngineShutdownError",
+            "EngineStats",
+            "EngineUnavailableError",
+            "GenerationFailedError",
+            "InsufficientMemoryError",
+            "ModelLoadError",
+            "ParallelLayoutError",
+            "RequestMetrics",
+            "RequestTimeoutError",
+            "StatsDisabledError",
+            "StopPolicy",
+            "TokenLogprob",
+            "ToolCallDelta",
+            "UnsupportedTaskError",
+            "Usage",
+            "VLLMInlineError",
+            "get_engine",
+            "prometheus_registry",
+            "shutdown_all",
+            "shutdown_engines",
+            "start_engines",
+        ]
+    )
 
 
 @pytest.mark.smoke
@@ -53,8 +77,11 @@ def test_our_environment_variables_pass_vllms_strict_check(monkeypatch, tmp_path
     from vllm.platforms import current_platform
 
     root = Path(__file__).resolve().parent.parent
-    sources = [p for d in ("engine", "integrations", "vllm_inline", "tests", "benchmarks")
-               for p in (root / d).rglob("*.py")]
+    sources = [
+        p
+        for d in ("engine", "integrations", "vllm_inline", "tests", "benchmarks")
+        for p in (root / d).rglob("*.py")
+    ]
     read = re.compile(r"""os\.environ(?:\.get\(|\[)\s*["']([A-Z0-9_]+)["']""")
     names = {n for p in sources for n in read.findall(p.read_text())}
     assert "VLLMINLINE_CACHE" in names  # the scan finds what it should
@@ -172,7 +199,9 @@ def test_start_engines_stops_what_it_started_when_one_fails_and_names_that_model
     assert str(info.value).startswith(scripted("chatml").path + ": kv_cache_memory_bytes=")
     assert not good.started and not bad.started
     assert shared.started
-    assert lines[0] == f"Starting vLLM for {s.path} ..." and lines[1].startswith(f"{s.path} ready in ")
+    assert lines[0] == f"Starting vLLM for {s.path} ..." and lines[1].startswith(
+        f"{s.path} ready in "
+    )
     assert not any(scripted("llama3").path in line for line in lines)  # already running
 
 
@@ -251,10 +280,13 @@ def test_a_memory_plan_that_cannot_fit_names_the_model_before_any_engine_starts(
 
     s = scripted("gemma")
     options = {k: v for k, v in s.engine_kwargs.items() if k != "kv_cache_memory_bytes"}
-    huge = get_engine(scripted("chatml").path, **{
-        **options, "kv_cache_memory_bytes": psutil.virtual_memory().total * 2})
-    planned = [get_engine(scripted(name).path, **{**options, "seed": 4444})
-               for name in ("gemma", "llama3")]
+    huge = get_engine(
+        scripted("chatml").path,
+        **{**options, "kv_cache_memory_bytes": psutil.virtual_memory().total * 2},
+    )
+    planned = [
+        get_engine(scripted(name).path, **{**options, "seed": 4444}) for name in ("gemma", "llama3")
+    ]
     lines: list[str] = []
     with new_processes() as seen:
         with pytest.raises(InsufficientMemoryError) as info:

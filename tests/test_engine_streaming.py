@@ -74,7 +74,9 @@ def test_max_tokens_ends_with_length(scripted):
 def test_ignore_eos_shows_what_the_stop_policy_prevents(scripted):
     """Without the stop policy the scripted model runs into its invented turn."""
     s = scripted("llama3")
-    text = _joined(list(s.engine.stream(USER, ignore_eos=True, max_tokens=9, skip_special_tokens=False)))
+    text = _joined(
+        list(s.engine.stream(USER, ignore_eos=True, max_tokens=9, skip_special_tokens=False))
+    )
     assert "<|eot_id|>" in text and "User:" in text
 
 
@@ -93,8 +95,11 @@ def test_user_stop_strings_cut_and_are_never_half_emitted(scripted, stop):
     deltas = list(s.engine.stream(USER, stop=stop))
     text = _joined(deltas)
     first = min(
-        (s.scenario.answer.find(x) for x in ([stop] if isinstance(stop, str) else stop)
-         if x in s.scenario.answer),
+        (
+            s.scenario.answer.find(x)
+            for x in ([stop] if isinstance(stop, str) else stop)
+            if x in s.scenario.answer
+        ),
     )
     assert text == s.scenario.answer[:first]
     assert deltas[-1].finish_reason == "stop"
@@ -115,7 +120,10 @@ def test_multi_turn_renders_through_the_model_template(scripted):
     assert _joined(deltas) == s.scenario.answer
     tok = s.engine.tokenizer
     rendered = tok.apply_chat_template(
-        [{**m, "content": m["content"] if isinstance(m["content"], str) else "Again"} for m in messages],
+        [
+            {**m, "content": m["content"] if isinstance(m["content"], str) else "Again"}
+            for m in messages
+        ],
         add_generation_prompt=True,
         tokenize=False,
     )
@@ -217,6 +225,7 @@ async def test_cancelling_a_stream_aborts_the_request(scripted):
     # break out of an async stream
     async for _ in engine.astream(USER, max_tokens=200, ignore_eos=True):
         break
+
     # cancel a task mid-stream
     async def consume():
         async for _ in engine.astream(USER, max_tokens=200, ignore_eos=True):

@@ -25,16 +25,30 @@ def test_choice_order_override_then_own_then_fallback():
     assert resolve_chat_template("{{ x }}", llama_vocab, "{{ y }}").source == "override"
     assert resolve_chat_template("{{ x }}", llama_vocab).source == "tokenizer"
     assert resolve_chat_template(None, llama_vocab).source == "fallback:llama3"
-    assert resolve_chat_template(None, {"<|im_start|>": 1, "<|im_end|>": 2}).source == "fallback:chatml"
-    assert resolve_chat_template(None, {"<start_of_turn>": 1, "<end_of_turn>": 2}).source == "fallback:gemma"
+    assert (
+        resolve_chat_template(None, {"<|im_start|>": 1, "<|im_end|>": 2}).source
+        == "fallback:chatml"
+    )
+    assert (
+        resolve_chat_template(None, {"<start_of_turn>": 1, "<end_of_turn>": 2}).source
+        == "fallback:gemma"
+    )
     none = resolve_chat_template(None, {"hello": 1})
     with pytest.raises(ChatTemplateError, match="chat_template="):
         require_template(none, "my-model")
 
 
 def test_stop_policy_collects_every_end_of_turn_id():
-    vocab = {"<|start_header_id|>": 1, "<|end_header_id|>": 2, "<|eot_id|>": 3, "<|end_of_text|>": 4, "x": 5}
-    policy = decide_stop_policy(vocab, tokenizer_eos_id=4, generation_config_eos=[4, 3], template_source="tokenizer")
+    vocab = {
+        "<|start_header_id|>": 1,
+        "<|end_header_id|>": 2,
+        "<|eot_id|>": 3,
+        "<|end_of_text|>": 4,
+        "x": 5,
+    }
+    policy = decide_stop_policy(
+        vocab, tokenizer_eos_id=4, generation_config_eos=[4, 3], template_source="tokenizer"
+    )
     assert policy.stop_token_ids == (4, 3)
     assert policy.stop_tokens == ("<|end_of_text|>", "<|eot_id|>")
     assert policy.family == "llama3"
@@ -51,16 +65,33 @@ def test_fallback_templates_render_tools_and_multi_turn(family):
         messages=[
             {"role": "system", "content": "Be brief."},
             {"role": "user", "content": "Weather?"},
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Oslo"}},
+                    }
+                ],
+            },
             {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
         ],
-        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+        tools=[
+            {
+                "type": "function",
+                "function": {"name": "get_weather", "parameters": {"type": "object"}},
+            }
+        ],
         add_generation_prompt=True,
         bos_token="<s>",
     )
     assert "Weather?" in text and "sunny" in text and "Be brief." in text
-    assert all(marker in text for marker in family.markers if marker not in ("<|eot_id|>",)) or family.name == "llama3"
+    assert (
+        all(marker in text for marker in family.markers if marker not in ("<|eot_id|>",))
+        or family.name == "llama3"
+    )
     assert detect_family({m: i for i, m in enumerate(family.markers)}) is family
 
 

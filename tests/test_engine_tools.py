@@ -42,9 +42,17 @@ def test_tool_result_goes_back_through_the_template(scripted):
     s = scripted("chatml_tools")
     messages = [
         *USER,
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function",
-             "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
     ]
     for _ in range(2):  # the same messages again: vLLM's renderer must not have changed them
@@ -125,9 +133,11 @@ def test_a_lagging_consumer_gets_the_same_tool_call_and_reasoning(scripted):
 
 def test_reasoning_off_by_template_kwargs(scripted):
     s = scripted("chatml_reasoning")
-    deltas = list(s.engine.stream(
-        USER, reasoning_parser="qwen3", chat_template_kwargs={"enable_thinking": False}
-    ))
+    deltas = list(
+        s.engine.stream(
+            USER, reasoning_parser="qwen3", chat_template_kwargs={"enable_thinking": False}
+        )
+    )
     assert "".join(d.text for d in deltas).strip() == s.scenario.no_think.answer.strip()
     assert "".join(d.reasoning for d in deltas) == ""
 
@@ -136,11 +146,17 @@ def test_structured_output_always_validates(scripted):
     s = scripted("chatml")
     schema = {
         "type": "object",
-        "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "properties": {
+            "ok": {"type": "boolean"},
+            "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
         "required": ["ok", "n"],
         "additionalProperties": False,
     }
     for _ in range(5):
-        text = "".join(d.text for d in s.engine.stream(USER, structured_outputs={"json": schema}, max_tokens=64))
+        text = "".join(
+            d.text
+            for d in s.engine.stream(USER, structured_outputs={"json": schema}, max_tokens=64)
+        )
         value = json.loads(text)
         assert set(value) == {"ok", "n"} and isinstance(value["ok"], bool) and 0 <= value["n"] <= 9

@@ -76,7 +76,12 @@ def test_lcel_chain_streams_to_stdout(scripted: Any) -> None:
 def test_agent_calls_its_tool_and_answers(scripted: Any) -> None:
     s = scripted("chatml_tools")
     messages, out = run(s, "langchain_agent")
-    assert [type(m).__name__ for m in messages] == ["HumanMessage", "AIMessage", "ToolMessage", "AIMessage"]
+    assert [type(m).__name__ for m in messages] == [
+        "HumanMessage",
+        "AIMessage",
+        "ToolMessage",
+        "AIMessage",
+    ]
     assert messages[1].tool_calls[0]["name"] == "get_weather"
     assert messages[1].tool_calls[0]["args"] == {"city": "Oslo"}
     assert messages[2].content == "It is sunny in Oslo."
@@ -114,7 +119,9 @@ def test_rag_app_answers_with_its_reranked_sources(scripted: Any, framework: str
     # the reranker's order: of the 8 nearest chunks, the best 3 by its own score, best first
     import numpy as np
 
-    query, vectors = (np.array(v) for v in (embedder.embed([QUESTION]), embedder.embed(example.CHUNKS)))
+    query, vectors = (
+        np.array(v) for v in (embedder.embed([QUESTION]), embedder.embed(example.CHUNKS))
+    )
     cosine = (vectors @ query.T)[:, 0] / np.linalg.norm(vectors, axis=1) / np.linalg.norm(query)
     near = [example.CHUNKS[i] for i in np.argsort(-cosine)[: example.RETRIEVE]]
     scores = dict(zip(near, reranker.score(QUESTION, near)))
@@ -122,7 +129,6 @@ def test_rag_app_answers_with_its_reranked_sources(scripted: Any, framework: str
     for engine in (embedder, reranker):  # started together by the example, or by its first run
         chosen = {c.name: c.reason for c in engine.platform_defaults.chosen}
         assert chosen["kv_cache_memory_bytes"].startswith("planned with "), chosen
-
 
 
 def test_sse_event_format() -> None:
@@ -140,10 +146,10 @@ def _events(lines: list[str]) -> list[tuple[str, str]]:
                 events.append((event, "\n".join(data)))
             event, data = "message", []
         elif line.startswith("event:"):
-            event = line[len("event:"):].strip()
+            event = line[len("event:") :].strip()
         elif line.startswith("data:"):
-            value = line[len("data:"):]
-            data.append(value[1:] if value.startswith(" ") else value)
+            value = line[len("data:") :]
+            data.append(value.removeprefix(" "))
     return events
 
 
@@ -167,7 +173,9 @@ def test_fastapi_endpoint_streams_sse_over_a_real_socket(scripted: Any) -> None:
             time.sleep(0.1)
         lines = []
         with httpx.stream(
-            "GET", f"http://127.0.0.1:{port}/chat", params={"q": "What does vllm-inline do?"},
+            "GET",
+            f"http://127.0.0.1:{port}/chat",
+            params={"q": "What does vllm-inline do?"},
             timeout=60,
         ) as response:
             assert response.status_code == 200

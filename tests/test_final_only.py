@@ -78,8 +78,10 @@ def summary(deltas: list[Any]) -> dict[str, Any]:
         ("chatml_tools", {"tools": [WEATHER]}),
         ("chatml_tools", {"tools": [WEATHER], "tool_choice": "required"}),
         ("chatml_reasoning", {"reasoning_parser": "qwen3"}),
-        ("chatml_reasoning", {"reasoning_parser": "qwen3",
-                              "chat_template_kwargs": {"enable_thinking": False}}),
+        (
+            "chatml_reasoning",
+            {"reasoning_parser": "qwen3", "chat_template_kwargs": {"enable_thinking": False}},
+        ),
     ],
 )
 def test_final_only_gives_what_the_stream_adds_up_to(
@@ -195,7 +197,10 @@ class Spy:
     ],
 )
 def test_invoke_without_token_callbacks_is_final_only_and_the_same_message(
-    scripted: Any, monkeypatch: pytest.MonkeyPatch, scenario: str, tools: bool,
+    scripted: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    scenario: str,
+    tools: bool,
     fields: dict[str, Any],
 ) -> None:
     s = scripted(scenario)

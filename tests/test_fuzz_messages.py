@@ -48,7 +48,11 @@ _arguments = st.one_of(
 )
 _tool_call = st.one_of(
     st.fixed_dictionaries(
-        {"function": st.fixed_dictionaries({"name": st.sampled_from(["get_weather", "", "x y"]), "arguments": _arguments})},
+        {
+            "function": st.fixed_dictionaries(
+                {"name": st.sampled_from(["get_weather", "", "x y"]), "arguments": _arguments}
+            )
+        },
         optional={"id": st.one_of(_text, st.none()), "type": st.just("function")},
     ),
     st.fixed_dictionaries({"name": st.sampled_from(["get_weather", "f"]), "arguments": _arguments}),
@@ -75,7 +79,9 @@ _messages = st.one_of(st.lists(_message, max_size=5), _text, st.none(), st.integ
 
 # Mostly well-formed chats, so that many of them reach the template.
 _good_message = st.one_of(
-    st.fixed_dictionaries({"role": st.sampled_from(["system", "developer", "user", "assistant"]), "content": _text}),
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "developer", "user", "assistant"]), "content": _text}
+    ),
     st.fixed_dictionaries(
         {
             "role": st.just("assistant"),
@@ -86,7 +92,10 @@ _good_message = st.one_of(
                         "id": st.just("call_1"),
                         "type": st.just("function"),
                         "function": st.fixed_dictionaries(
-                            {"name": st.just("get_weather"), "arguments": st.just('{"city": "Oslo"}')}
+                            {
+                                "name": st.just("get_weather"),
+                                "arguments": st.just('{"city": "Oslo"}'),
+                            }
                         ),
                     }
                 ),
@@ -95,9 +104,16 @@ _good_message = st.one_of(
             ),
         }
     ),
-    st.fixed_dictionaries({"role": st.just("tool"), "content": _text, "tool_call_id": st.just("call_1")}),
     st.fixed_dictionaries(
-        {"role": st.just("user"), "content": st.lists(st.builds(lambda t: {"type": "text", "text": t}, _text), max_size=2)}
+        {"role": st.just("tool"), "content": _text, "tool_call_id": st.just("call_1")}
+    ),
+    st.fixed_dictionaries(
+        {
+            "role": st.just("user"),
+            "content": st.lists(
+                st.builds(lambda t: {"type": "text", "text": t}, _text), max_size=2
+            ),
+        }
     ),
 )
 _good_messages = st.lists(_good_message, min_size=1, max_size=5)
@@ -149,4 +165,7 @@ def test_fuzzed_wellformed_chats_render_or_fail_typed(scripted, messages):
 
 def test_engine_answers_after_fuzzing(scripted):
     s = scripted("chatml")
-    assert "".join(d.text for d in s.engine.stream([{"role": "user", "content": "hi"}])) == s.scenario.answer
+    assert (
+        "".join(d.text for d in s.engine.stream([{"role": "user", "content": "hi"}]))
+        == s.scenario.answer
+    )

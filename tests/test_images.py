@@ -71,23 +71,29 @@ class Vision:
         return get_engine(self.path, **self.vllm_kwargs)
 
 
-def _transformers_greedy(path: str, colors: tuple[str, ...]) -> tuple[dict[str, list[int]], dict[str, int]]:
+def _transformers_greedy(
+    path: str, colors: tuple[str, ...]
+) -> tuple[dict[str, list[int]], dict[str, int]]:
     """transformers' greedy ids for one image and QUESTION, per colour, and the prompt sizes."""
     import torch
     from transformers import AutoProcessor, Idefics3ForConditionalGeneration
 
     processor = AutoProcessor.from_pretrained(path)
     model = Idefics3ForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}
+    ]
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
     ids, sizes = {}, {}
     for color in colors:
         image = Image.open(io.BytesIO(_png(color)))
-        inputs = processor(text=prompt, images=[image], return_tensors="pt", add_special_tokens=False)
+        inputs = processor(
+            text=prompt, images=[image], return_tensors="pt", add_special_tokens=False
+        )
         with torch.no_grad():
             out = model.generate(**inputs, max_new_tokens=MAX_TOKENS, do_sample=False)
         sizes[color] = int(inputs["input_ids"].shape[1])
-        ids[color] = out[0, sizes[color]:].tolist()
+        ids[color] = out[0, sizes[color] :].tolist()
     del model
     return ids, sizes
 
@@ -114,13 +120,19 @@ def _ids(deltas: list[Any]) -> list[int]:
 def test_two_images_give_different_answers_each_equal_to_transformers(vision: Vision) -> None:
     assert vision.reference["red"] != vision.reference["blue"]
     for color in ("red", "blue"):
-        deltas = list(vision.engine.stream(_chat(_url_part(_data_url(_png(color)))), max_tokens=MAX_TOKENS, temperature=0))
+        deltas = list(
+            vision.engine.stream(
+                _chat(_url_part(_data_url(_png(color)))), max_tokens=MAX_TOKENS, temperature=0
+            )
+        )
         assert _ids(deltas) == vision.reference[color], color
         # The prompt counts the image tokens the processor expanded, as transformers does.
         assert deltas[-1].usage.prompt_tokens == vision.prompt_tokens[color]
         # A final-only request (one delta, vLLM's FINAL_ONLY output) gives the same greedy ids.
         (final,) = vision.engine.stream(
-            _chat(_url_part(_data_url(_png(color)))), max_tokens=MAX_TOKENS, temperature=0,
+            _chat(_url_part(_data_url(_png(color)))),
+            max_tokens=MAX_TOKENS,
+            temperature=0,
             stream=False,
         )
         assert list(final.token_ids) == vision.reference[color], color
@@ -181,18 +193,55 @@ def _bad_requests(vision: Vision) -> list[tuple[str, list[dict[str, Any]], str, 
     truncated = _png("red")[:40]
     return [
         ("too-many-images", _chat(red, red, red), "messages[0].content[2]", "at most 2"),
-        ("corrupt-base64", _chat(_url_part("data:image/png;base64,not*base64!")), "messages[0].content[0]", "corrupt"),
-        ("not-an-image", _chat(_url_part(_data_url(truncated))), "messages[0].content[0]", "not a readable image"),
-        ("unsupported-mime", _chat(_url_part(_data_url(b"%PDF-1.4", "application/pdf"))), "messages[0].content[0]", "MIME type"),
-        ("remote-url", _chat(_url_part("https://example.com/cat.png")), "messages[0].content[0]", "remote image URLs are refused"),
-        ("outside-allowed-dir", _chat(_url_part(str(vision.outside / "red.png"))), "messages[0].content[0]", "outside allowed_local_media_path"),
-        ("missing-file", _chat(_url_part(str(vision.media / "nope.png"))), "messages[0].content[0]", "no such file"),
-        ("image-in-system-message", [{"role": "system", "content": [red]}, *_chat()], "messages[0].content[0]", "cannot hold an image"),
+        (
+            "corrupt-base64",
+            _chat(_url_part("data:image/png;base64,not*base64!")),
+            "messages[0].content[0]",
+            "corrupt",
+        ),
+        (
+            "not-an-image",
+            _chat(_url_part(_data_url(truncated))),
+            "messages[0].content[0]",
+            "not a readable image",
+        ),
+        (
+            "unsupported-mime",
+            _chat(_url_part(_data_url(b"%PDF-1.4", "application/pdf"))),
+            "messages[0].content[0]",
+            "MIME type",
+        ),
+        (
+            "remote-url",
+            _chat(_url_part("https://example.com/cat.png")),
+            "messages[0].content[0]",
+            "remote image URLs are refused",
+        ),
+        (
+            "outside-allowed-dir",
+            _chat(_url_part(str(vision.outside / "red.png"))),
+            "messages[0].content[0]",
+            "outside allowed_local_media_path",
+        ),
+        (
+            "missing-file",
+            _chat(_url_part(str(vision.media / "nope.png"))),
+            "messages[0].content[0]",
+            "no such file",
+        ),
+        (
+            "image-in-system-message",
+            [{"role": "system", "content": [red]}, *_chat()],
+            "messages[0].content[0]",
+            "cannot hold an image",
+        ),
     ]
 
 
 @pytest.mark.parametrize("case", range(8))
-def test_bad_images_are_typed_errors_and_the_engine_keeps_serving(vision: Vision, case: int) -> None:
+def test_bad_images_are_typed_errors_and_the_engine_keeps_serving(
+    vision: Vision, case: int
+) -> None:
     name, messages, parameter, fragment = _bad_requests(vision)[case]
     started = time.monotonic()
     with pytest.raises(BadRequestError) as e:
@@ -201,7 +250,11 @@ def test_bad_images_are_typed_errors_and_the_engine_keeps_serving(vision: Vision
     assert e.value.parameter == parameter, name
     assert fragment in str(e.value), name
     assert vision.engine.num_unfinished_requests() == 0
-    deltas = list(vision.engine.stream(_chat(_url_part(_data_url(_png("red")))), max_tokens=MAX_TOKENS, temperature=0))
+    deltas = list(
+        vision.engine.stream(
+            _chat(_url_part(_data_url(_png("red")))), max_tokens=MAX_TOKENS, temperature=0
+        )
+    )
     assert _ids(deltas) == vision.reference["red"]
 
 
@@ -219,21 +272,29 @@ def test_an_image_sent_to_a_text_only_model_is_a_typed_error(scripted: Any) -> N
 
 
 def _reference_text(vision: Vision, color: str) -> str:
-    deltas = vision.engine.stream(_chat(_url_part(_data_url(_png(color)))), max_tokens=MAX_TOKENS, temperature=0)
+    deltas = vision.engine.stream(
+        _chat(_url_part(_data_url(_png(color)))), max_tokens=MAX_TOKENS, temperature=0
+    )
     return "".join(d.text for d in deltas)
 
 
 @pytest.mark.parametrize(
     "block",
     [
-        lambda png: {"type": "image", "base64": base64.b64encode(png).decode(), "mime_type": "image/png"},
+        lambda png: {
+            "type": "image",
+            "base64": base64.b64encode(png).decode(),
+            "mime_type": "image/png",
+        },
         lambda png: {"type": "image", "url": _data_url(png)},
         lambda png: {"type": "image_url", "image_url": {"url": _data_url(png)}},
     ],
     ids=["base64", "url", "openai"],
 )
 def test_chatvllm_streams_an_answer_about_an_image(vision: Vision, block: Any) -> None:
-    llm = ChatVLLM(model=vision.path, vllm_kwargs=vision.vllm_kwargs, max_tokens=MAX_TOKENS, temperature=0)
+    llm = ChatVLLM(
+        model=vision.path, vllm_kwargs=vision.vllm_kwargs, max_tokens=MAX_TOKENS, temperature=0
+    )
     message = HumanMessage([block(_png("blue")), {"type": "text", "text": QUESTION}])
     chunks = list(llm.stream([message]))
     assert len(chunks) > 1
@@ -245,8 +306,15 @@ def test_chatvllm_streams_an_answer_about_an_image(vision: Vision, block: Any) -
 
 
 def test_chatvllm_async_local_file_image(vision: Vision) -> None:
-    llm = ChatVLLM(model=vision.path, vllm_kwargs=vision.vllm_kwargs, max_tokens=MAX_TOKENS, temperature=0)
-    message = HumanMessage([{"type": "image", "url": str(vision.media / "red.png")}, {"type": "text", "text": QUESTION}])
+    llm = ChatVLLM(
+        model=vision.path, vllm_kwargs=vision.vllm_kwargs, max_tokens=MAX_TOKENS, temperature=0
+    )
+    message = HumanMessage(
+        [
+            {"type": "image", "url": str(vision.media / "red.png")},
+            {"type": "text", "text": QUESTION},
+        ]
+    )
     answer = asyncio.run(llm.ainvoke([message]))
     assert answer.content == _reference_text(vision, "red")
 
@@ -255,7 +323,9 @@ def test_chatvllm_async_local_file_image(vision: Vision) -> None:
 
 
 def vllm_engine(vision: Vision) -> VLLM:
-    return VLLM(model=vision.path, vllm_kwargs=vision.vllm_kwargs, max_tokens=MAX_TOKENS, temperature=0)
+    return VLLM(
+        model=vision.path, vllm_kwargs=vision.vllm_kwargs, max_tokens=MAX_TOKENS, temperature=0
+    )
 
 
 def _image_message(block: ImageBlock) -> list[ChatMessage]:
@@ -302,10 +372,18 @@ def test_an_allowed_remote_url_that_cannot_be_fetched_is_a_typed_error(vision: V
     apart) is a typed error, and the engine keeps serving."""
     started = time.monotonic()
     with pytest.raises(BadRequestError) as e:
-        list(vision.engine.stream(_chat(_url_part("http://127.0.0.1:9/cat.png")), max_tokens=MAX_TOKENS))
+        list(
+            vision.engine.stream(
+                _chat(_url_part("http://127.0.0.1:9/cat.png")), max_tokens=MAX_TOKENS
+            )
+        )
     assert time.monotonic() - started < 15
     assert e.value.parameter == "messages"
     assert "could not take the images" in str(e.value)
     assert vision.engine.num_unfinished_requests() == 0
-    deltas = list(vision.engine.stream(_chat(_url_part(_data_url(_png("red")))), max_tokens=MAX_TOKENS, temperature=0))
+    deltas = list(
+        vision.engine.stream(
+            _chat(_url_part(_data_url(_png("red")))), max_tokens=MAX_TOKENS, temperature=0
+        )
+    )
     assert _ids(deltas) == vision.reference["red"]

@@ -7,6 +7,7 @@ content, stops, reasoning separation, tool-call parsing and token counts, stream
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from typing import Any, Literal
@@ -160,8 +161,12 @@ def test_multi_turn_with_system_and_text_blocks(scripted: Any) -> None:
 def test_token_counts_are_the_prompt_a_call_sends(scripted: Any) -> None:
     s = scripted("llama3")
     chat = chat_for(s)
-    messages = [SystemMessage("You are terse."), HumanMessage("Hi"), AIMessage("Hello."),
-                HumanMessage(QUESTION)]
+    messages = [
+        SystemMessage("You are terse."),
+        HumanMessage("Hi"),
+        AIMessage("Hello."),
+        HumanMessage(QUESTION),
+    ]
     counted = chat.get_num_tokens_from_messages(messages)
     assert counted == chat.invoke(messages).usage_metadata["input_tokens"]
     text = "The capital of France is Paris."
@@ -200,8 +205,14 @@ def test_trim_messages_counts_with_the_model(scripted: Any) -> None:
         history += [HumanMessage(f"Question {i}?"), AIMessage(f"Answer {i}.")]
     history.append(HumanMessage(QUESTION))
     budget = chat.get_num_tokens_from_messages(history) // 2
-    trimmed = trim_messages(history, max_tokens=budget, token_counter=chat, strategy="last",
-                            include_system=True, start_on="human")
+    trimmed = trim_messages(
+        history,
+        max_tokens=budget,
+        token_counter=chat,
+        strategy="last",
+        include_system=True,
+        start_on="human",
+    )
     assert trimmed[0] == history[0] and trimmed[-1] == history[-1] and len(trimmed) < len(history)
     assert chat.get_num_tokens_from_messages(trimmed) <= budget
     assert chat.invoke(trimmed).content == s.scenario.answer
@@ -251,7 +262,7 @@ def _overlapping(tokens: Tokens) -> bool:
     for t, run, _, _ in tokens.calls:
         spans.setdefault(run, []).append(t)
     ranges = sorted((min(v), max(v)) for v in spans.values())
-    return len(ranges) > 1 and any(b[0] < a[1] for a, b in zip(ranges, ranges[1:]))
+    return len(ranges) > 1 and any(b[0] < a[1] for a, b in itertools.pairwise(ranges))
 
 
 def test_batch_runs_concurrently(scripted: Any) -> None:
@@ -435,9 +446,11 @@ def test_structured_output_methods(scripted: Any, method: str, schema: Any) -> N
 
 def test_json_mode_returns_json(scripted: Any) -> None:
     s = scripted("chatml")
-    out = chat_for(s, max_tokens=64).with_structured_output(
-        None, method="json_mode", include_raw=True
-    ).invoke("Answer in JSON.")
+    out = (
+        chat_for(s, max_tokens=64)
+        .with_structured_output(None, method="json_mode", include_raw=True)
+        .invoke("Answer in JSON.")
+    )
     assert out["raw"].content.startswith("{")
     assert out["parsing_error"] is None
     assert isinstance(out["parsed"], dict)

@@ -83,13 +83,24 @@ def test_identity_and_tracing_params() -> None:
 
 def test_request_merges_fields_and_call_values() -> None:
     chat = ChatVLLM(
-        model=MODEL, temperature=0.5, top_k=3, stop=["a"], extra_sampling={"min_p": 0.1},
-        chat_template_kwargs={"enable_thinking": False}, lora="adapter",
+        model=MODEL,
+        temperature=0.5,
+        top_k=3,
+        stop=["a"],
+        extra_sampling={"min_p": 0.1},
+        chat_template_kwargs={"enable_thinking": False},
+        lora="adapter",
     )
-    instance = {k: v for k, v in chat._identifying_params.items() if k not in ("model", "vllm_kwargs")}
+    instance = {
+        k: v for k, v in chat._identifying_params.items() if k not in ("model", "vllm_kwargs")
+    }
     assert instance == {
-        "temperature": 0.5, "top_k": 3, "stop": ["a"], "min_p": 0.1,
-        "chat_template_kwargs": {"enable_thinking": False}, "lora": "adapter",
+        "temperature": 0.5,
+        "top_k": 3,
+        "stop": ["a"],
+        "min_p": 0.1,
+        "chat_template_kwargs": {"enable_thinking": False},
+        "lora": "adapter",
     }
     request = request_kwargs(instance, ["b"], {"temperature": 0.0, "tools": None, "lora": None})
     assert request == {
@@ -166,7 +177,8 @@ def test_bind_tools_refuses_unknown_tool_choice(tool_choice: Any) -> None:
 def test_with_structured_output_refuses_unknown_method() -> None:
     with pytest.raises(BadRequestError, match="method"):
         ChatVLLM(model=MODEL).with_structured_output(
-            _Weather, method="xml"  # type: ignore[arg-type]
+            _Weather,
+            method="xml",  # type: ignore[arg-type]
         )
 
 
@@ -298,7 +310,9 @@ def test_last_delta_carries_usage_and_metadata() -> None:
     )
     assert last.chunk_position == "last"
     assert last.usage_metadata == {
-        "input_tokens": 5, "output_tokens": 3, "total_tokens": 8,
+        "input_tokens": 5,
+        "output_tokens": 3,
+        "total_tokens": 8,
         "input_token_details": {"cache_read": 0},
     }
     assert last.response_metadata == {
@@ -326,7 +340,10 @@ def test_serializes_and_loads_back() -> None:
     data = dumpd(chat)
     assert data["id"] == ["vllm_inline", "integrations", "langchain", "ChatVLLM"]
     assert data["kwargs"] == {
-        "model": MODEL, "vllm_kwargs": {"dtype": "float32"}, "temperature": 0.1, "stop": ["x"]
+        "model": MODEL,
+        "vllm_kwargs": {"dtype": "float32"},
+        "temperature": 0.1,
+        "stop": ["x"],
     }
     kwargs = {"valid_namespaces": ["vllm_inline"], "allowed_objects": [ChatVLLM]}
     for loaded in (load(data, **kwargs), loads(dumps(chat), **kwargs)):

@@ -83,7 +83,9 @@ def _layer(name: str) -> int | None:
 def test_the_module_map_finds_the_package():
     assert "vllm_inline.engine.seam.vllm_engine" in MODULES
     assert "vllm_inline.integrations.langchain.chat_models" in MODULES
-    assert all(_layer(name) is not None for name in MODULES if name.startswith("vllm_inline.engine"))
+    assert all(
+        _layer(name) is not None for name in MODULES if name.startswith("vllm_inline.engine")
+    )
 
 
 def test_engine_imports_run_one_way():

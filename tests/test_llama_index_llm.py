@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import pytest
 from llama_index.core import Document, MockEmbedding, VectorStoreIndex
@@ -83,8 +83,14 @@ async def test_formatted_completion_sends_the_prompt_as_is(scripted) -> None:
     s = scripted("llama3")
     llm = make(s)
     expected = s.scenario.completion.answer
-    check_stream(s, list(llm.stream_complete(s.scenario.completion_prompt, formatted=True)), text=expected)
-    check_stream(s, [r async for r in await llm.astream_complete(s.scenario.completion_prompt, formatted=True)], text=expected)
+    check_stream(
+        s, list(llm.stream_complete(s.scenario.completion_prompt, formatted=True)), text=expected
+    )
+    check_stream(
+        s,
+        [r async for r in await llm.astream_complete(s.scenario.completion_prompt, formatted=True)],
+        text=expected,
+    )
     assert llm.complete(s.scenario.completion_prompt, formatted=True).text == expected
     assert (await llm.acomplete(s.scenario.completion_prompt, formatted=True)).text == expected
 
@@ -118,7 +124,11 @@ def test_metadata_uses_the_running_engine(scripted) -> None:
     engine.start()
     meta = llm.metadata
     assert meta.context_window == engine.max_model_len
-    assert (meta.is_chat_model, meta.is_function_calling_model, meta.model_name) == (True, False, s.path)
+    assert (meta.is_chat_model, meta.is_function_calling_model, meta.model_name) == (
+        True,
+        False,
+        s.path,
+    )
     assert llm.engine is engine and engine.started
     assert make(s, tool_parser="hermes", max_tokens=7).metadata.num_output == 7
     assert make(s, tool_parser="hermes").metadata.is_function_calling_model
@@ -142,7 +152,7 @@ def test_one_engine_shared_with_chatvllm(scripted) -> None:
 
 
 class _Recorder(BaseEventHandler):
-    events: list = []
+    events: ClassVar[list[Any]] = []
 
     @classmethod
     def class_name(cls) -> str:
@@ -172,7 +182,10 @@ async def test_callbacks_and_instrumentation_fire(scripted) -> None:
         dispatcher.event_handlers.remove(recorder)
     pairs = debug.get_event_pairs(CBEventType.LLM)
     assert len(pairs) == 8
-    assert all(EventPayload.RESPONSE in end.payload or EventPayload.COMPLETION in end.payload for _, end in pairs)
+    assert all(
+        EventPayload.RESPONSE in end.payload or EventPayload.COMPLETION in end.payload
+        for _, end in pairs
+    )
     events = recorder.events
     assert events.count("LLMChatStartEvent") == events.count("LLMChatEndEvent") == 4
     assert events.count("LLMCompletionStartEvent") == events.count("LLMCompletionEndEvent") == 4
@@ -184,7 +197,9 @@ async def test_callbacks_and_instrumentation_fire(scripted) -> None:
 
 
 def _index() -> VectorStoreIndex:
-    docs = [Document(text=t) for t in ("Oslo is in Norway.", "Bergen is rainy.", "Tromso is far north.")]
+    docs = [
+        Document(text=t) for t in ("Oslo is in Norway.", "Bergen is rainy.", "Tromso is far north.")
+    ]
     return VectorStoreIndex.from_documents(docs, embed_model=MockEmbedding(embed_dim=8))
 
 
@@ -203,7 +218,10 @@ def test_rag_query_engine_streams(scripted) -> None:
 def test_rag_chat_engine_multi_turn(scripted) -> None:
     s = scripted("llama3")
     chat_engine = _index().as_chat_engine(
-        chat_mode="condense_question", llm=make(s), similarity_top_k=2, response_mode="simple_summarize"
+        chat_mode="condense_question",
+        llm=make(s),
+        similarity_top_k=2,
+        response_mode="simple_summarize",
     )
     assert str(chat_engine.chat("Where is Oslo?")) == s.scenario.answer
     assert str(chat_engine.chat("And Bergen?")) == s.scenario.answer
@@ -236,7 +254,7 @@ async def test_tool_round_trip_and_streaming_tools(scripted) -> None:
     s = scripted("chatml_tools")
     llm = make(s, tool_parser=s.scenario.tool_parser)
     tool = _weather_tool([])
-    name, arguments = s.scenario.tool_call
+    name, _arguments = s.scenario.tool_call
     for response in (
         llm.chat_with_tools([tool], "Weather in Oslo?"),
         await llm.achat_with_tools([tool], "Weather in Oslo?", tool_required=True),
@@ -248,8 +266,13 @@ async def test_tool_round_trip_and_streaming_tools(scripted) -> None:
         assert "<tool_call>" not in (response.message.content or "")
         assert response.additional_kwargs["finish_reason"] == "tool_calls"
         assert any(isinstance(b, ToolCallBlock) for b in response.message.blocks)
-    history = [ChatMessage(role="user", content="Weather in Oslo?"), response.message,
-               ChatMessage(role="tool", content="Sunny.", additional_kwargs={"tool_call_id": selection.tool_id})]
+    history = [
+        ChatMessage(role="user", content="Weather in Oslo?"),
+        response.message,
+        ChatMessage(
+            role="tool", content="Sunny.", additional_kwargs={"tool_call_id": selection.tool_id}
+        ),
+    ]
     final = llm.chat(history)
     assert final.message.content == s.scenario.after_tool.answer
     with pytest.raises(ValueError):
@@ -262,7 +285,9 @@ async def test_function_agent(scripted) -> None:
 
     s = scripted("chatml_tools")
     calls: list = []
-    agent = FunctionAgent(tools=[_weather_tool(calls)], llm=make(s, tool_parser=s.scenario.tool_parser))
+    agent = FunctionAgent(
+        tools=[_weather_tool(calls)], llm=make(s, tool_parser=s.scenario.tool_parser)
+    )
     result = await agent.run("Weather in Oslo?")
     assert calls == ["Oslo"]
     assert str(result) == s.scenario.after_tool.answer
@@ -303,9 +328,18 @@ GREEDY = {"temperature": 0.0}
 
 async def test_structured_predict(scripted) -> None:
     llm = make(scripted("llama3"))
-    assert isinstance(llm.structured_predict(Verdict, PROMPT, llm_kwargs=GREEDY, thing="tea"), Verdict)
-    assert isinstance(await llm.astructured_predict(Verdict, PROMPT, llm_kwargs=GREEDY, thing="tea"), Verdict)
+    assert isinstance(
+        llm.structured_predict(Verdict, PROMPT, llm_kwargs=GREEDY, thing="tea"), Verdict
+    )
+    assert isinstance(
+        await llm.astructured_predict(Verdict, PROMPT, llm_kwargs=GREEDY, thing="tea"), Verdict
+    )
     partials = list(llm.stream_structured_predict(Verdict, PROMPT, llm_kwargs=GREEDY, thing="tea"))
     assert len(partials) > 1 and isinstance(partials[-1], Verdict)
-    apartials = [p async for p in await llm.astream_structured_predict(Verdict, PROMPT, llm_kwargs=GREEDY, thing="tea")]
+    apartials = [
+        p
+        async for p in await llm.astream_structured_predict(
+            Verdict, PROMPT, llm_kwargs=GREEDY, thing="tea"
+        )
+    ]
     assert isinstance(apartials[-1], Verdict)

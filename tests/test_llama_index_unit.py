@@ -48,10 +48,16 @@ def test_fields_and_class_name() -> None:
     assert (llm.temperature, llm.stop, llm.max_tokens) == (0.2, ["X"], None)
     # max_model_len given: metadata needs no engine (and starts none).
     meta = llm.metadata
-    assert (meta.context_window, meta.is_chat_model, meta.is_function_calling_model) == (256, True, False)
+    assert (meta.context_window, meta.is_chat_model, meta.is_function_calling_model) == (
+        256,
+        True,
+        False,
+    )
     assert meta.model_name == NO_MODEL
     assert not llm.engine.started
-    assert VLLM(model=NO_MODEL, tool_parser="hermes", vllm_kwargs={"max_model_len": 256}).metadata.is_function_calling_model
+    assert VLLM(
+        model=NO_MODEL, tool_parser="hermes", vllm_kwargs={"max_model_len": 256}
+    ).metadata.is_function_calling_model
 
 
 # -- bad input: typed errors before any work ---------------------------------------------
@@ -59,7 +65,11 @@ def test_fields_and_class_name() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "parameter"),
-    [({"temperature": -0.5}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"max_tokens": 0}, "max_tokens")],
+    [
+        ({"temperature": -0.5}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+    ],
 )
 def test_bad_constructor_values(kwargs: dict, parameter: str) -> None:
     with pytest.raises(BadRequestError) as e:
@@ -68,7 +78,9 @@ def test_bad_constructor_values(kwargs: dict, parameter: str) -> None:
 
 
 _TOOL_NO_ID = [ChatMessage(role="user", content="hi"), ChatMessage(role="tool", content="42")]
-_IMAGE = [ChatMessage(role="user", blocks=[TextBlock(text="see"), ImageBlock(url="http://x/y.png")])]
+_IMAGE = [
+    ChatMessage(role="user", blocks=[TextBlock(text="see"), ImageBlock(url="http://x/y.png")])
+]
 
 
 @pytest.mark.parametrize(
@@ -112,12 +124,16 @@ def test_messages_to_engine_dicts() -> None:
     messages = [
         ChatMessage(role="system", content="sys"),
         ChatMessage(role="user", blocks=[TextBlock(text="a"), TextBlock(text="b")]),
-        ChatMessage(role="assistant", blocks=[ThinkingBlock(content="hmm"), TextBlock(text=""), call]),
+        ChatMessage(
+            role="assistant", blocks=[ThinkingBlock(content="hmm"), TextBlock(text=""), call]
+        ),
         ChatMessage(role="tool", content="sunny", additional_kwargs={"tool_call_id": "c1"}),
         ChatMessage(
             role="assistant",
             content="",
-            additional_kwargs={"tool_calls": [{"id": "c2", "function": {"name": "f", "arguments": "{}"}}]},
+            additional_kwargs={
+                "tool_calls": [{"id": "c2", "function": {"name": "f", "arguments": "{}"}}]
+            },
         ),
     ]
     assert to_engine_messages(messages) == [
@@ -127,14 +143,20 @@ def test_messages_to_engine_dicts() -> None:
             "role": "assistant",
             "content": "",
             "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                }
             ],
         },
         {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
         {
             "role": "assistant",
             "content": "",
-            "tool_calls": [{"id": "c2", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+            "tool_calls": [
+                {"id": "c2", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
         },
     ]
 
@@ -146,7 +168,11 @@ def test_response_builder_folds_deltas() -> None:
         Delta(text="Hi"),
         Delta(tool_calls=(ToolCallDelta(index=0, id="c1", name="get_weather"),)),
         Delta(tool_calls=(ToolCallDelta(index=0, arguments='{"city": '),)),
-        Delta(tool_calls=(ToolCallDelta(index=0, arguments='"Oslo"}'),), finish_reason="tool_calls", usage=Usage(5, 4)),
+        Delta(
+            tool_calls=(ToolCallDelta(index=0, arguments='"Oslo"}'),),
+            finish_reason="tool_calls",
+            usage=Usage(5, 4),
+        ),
     ]
     responses = [builder.push(d) for d in deltas]
     assert [r.delta for r in responses] == ["", "Hi", "", "", ""]
@@ -155,15 +181,28 @@ def test_response_builder_folds_deltas() -> None:
     assert tool_selections(responses[3].message.blocks)[0].tool_name == "get_weather"
     last = responses[-1]
     assert last.message.content == "Hi"
-    assert isinstance(last.message.blocks[0], ThinkingBlock) and last.message.blocks[0].content == "think"
+    assert (
+        isinstance(last.message.blocks[0], ThinkingBlock)
+        and last.message.blocks[0].content == "think"
+    )
     assert last.message.additional_kwargs["reasoning_content"] == "think"
     (selection,) = tool_selections(last.message.blocks)
-    assert (selection.tool_id, selection.tool_name, selection.tool_kwargs) == ("c1", "get_weather", {"city": "Oslo"})
+    assert (selection.tool_id, selection.tool_name, selection.tool_kwargs) == (
+        "c1",
+        "get_weather",
+        {"city": "Oslo"},
+    )
     assert last.additional_kwargs == {
-        "prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9, "cached_tokens": 0,
+        "prompt_tokens": 5,
+        "completion_tokens": 4,
+        "total_tokens": 9,
+        "cached_tokens": 0,
         "finish_reason": "tool_calls",
     }
     assert last.raw["usage"] == {
-        "prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9, "cached_tokens": 0
+        "prompt_tokens": 5,
+        "completion_tokens": 4,
+        "total_tokens": 9,
+        "cached_tokens": 0,
     }
     assert aggregate(iter(responses)).delta is None  # the non-streaming answer

@@ -33,7 +33,11 @@ MESSAGES = [{"role": "user", "content": "Hi"}]
 
 
 def write_lm_head_adapter(
-    model: Path, out: Path, script: tuple[str, ...], *, rank: int | None = None,
+    model: Path,
+    out: Path,
+    script: tuple[str, ...],
+    *,
+    rank: int | None = None,
     target: str = "lm_head",
 ) -> str:
     """A PEFT LoRA adapter on ``target`` that makes ``model`` answer ``script`` after its
@@ -64,8 +68,13 @@ def write_lm_head_adapter(
         str(out / "adapter_model.safetensors"),
     )
     adapter_config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": r,
-        "target_modules": [target], "bias": "none", "base_model_name_or_path": str(model),
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": r,
+        "lora_alpha": r,
+        "target_modules": [target],
+        "bias": "none",
+        "base_model_name_or_path": str(model),
     }
     (out / "adapter_config.json").write_text(json.dumps(adapter_config))
     return str(out)
@@ -196,9 +205,11 @@ def test_chatvllm_field_call_and_bind(lora_setup):
     assert paris.bind(lora=None).invoke("Hi").content == BASE
     chunks = [c.content for c in paris.stream("Hi")]
     assert "".join(chunks) == PARIS and len([c for c in chunks if c]) > 1
-    chain = ChatPromptTemplate.from_messages([("user", "{q}")]) | base.bind(
-        lora=adapters["hello"]
-    ) | StrOutputParser()
+    chain = (
+        ChatPromptTemplate.from_messages([("user", "{q}")])
+        | base.bind(lora=adapters["hello"])
+        | StrOutputParser()
+    )
     assert chain.invoke({"q": "Hi"}) == HELLO
     assert "".join(chain.stream({"q": "Hi"})) == HELLO
 
@@ -254,7 +265,9 @@ async def test_llama_index_concurrent(lora_setup):
         return "".join([r.delta or "" async for r in gen])
 
     results = await asyncio.gather(
-        streamed(), streamed(lora=adapters["paris"]), llm.achat(msgs, lora=adapters["hello"]),
+        streamed(),
+        streamed(lora=adapters["paris"]),
+        llm.achat(msgs, lora=adapters["hello"]),
         llm.achat(msgs),
     )
     assert results[:2] == [BASE, PARIS]

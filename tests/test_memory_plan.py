@@ -44,18 +44,35 @@ MiB = 2**20
 
 # A RAG app's three models: a 0.6B chat model (Qwen3-0.6B's shape), a MiniLM-sized embedder
 # and reranker (6 layers x 12 heads x 32).
-CHAT = dict(weights_bytes=int(1.2 * GiB), kv_elements_per_token=2 * 28 * 8 * 128,
-            model_max_len=40960, checkpoint_dtype="bfloat16")
-SMALL = dict(weights_bytes=90 * MiB, kv_elements_per_token=2 * 6 * 12 * 32, model_max_len=512,
-             checkpoint_dtype="float32")
+CHAT = {
+    "weights_bytes": int(1.2 * GiB),
+    "kv_elements_per_token": 2 * 28 * 8 * 128,
+    "model_max_len": 40960,
+    "checkpoint_dtype": "bfloat16",
+}
+SMALL = {
+    "weights_bytes": 90 * MiB,
+    "kv_elements_per_token": 2 * 6 * 12 * 32,
+    "model_max_len": 512,
+    "checkpoint_dtype": "float32",
+}
 # An 8B chat model on a GPU (Llama 3 8B's shape): 32 layers x 8 KV heads x 128, bfloat16.
-LLAMA8B = dict(weights_bytes=16 * GiB, kv_elements_per_token=2 * 32 * 8 * 128,
-               model_max_len=8192, checkpoint_dtype="bfloat16")
+LLAMA8B = {
+    "weights_bytes": 16 * GiB,
+    "kv_elements_per_token": 2 * 32 * 8 * 128,
+    "model_max_len": 8192,
+    "checkpoint_dtype": "bfloat16",
+}
 
 
 def cpu(free: int = 20 * GiB, **model) -> MachineFacts:
-    return MachineFacts(is_cpu=True, free_memory_bytes=free, total_memory_bytes=24 * GiB,
-                        cpu_flags=frozenset({"avx2"}), **model)
+    return MachineFacts(
+        is_cpu=True,
+        free_memory_bytes=free,
+        total_memory_bytes=24 * GiB,
+        cpu_flags=frozenset({"avx2"}),
+        **model,
+    )
 
 
 def gpu(free: int = 79 * GiB, total: int = 80 * GiB, **model) -> MachineFacts:
@@ -136,8 +153,11 @@ def test_one_engine_alone_or_no_free_memory_plans_nothing():
 
 def test_engines_all_sized_by_their_users_plan_nothing():
     # start_engines then measures nothing either: no vLLM import, no model configs read
-    user = {"chat": {"gpu_memory_utilization": 0.3}, "embedder": {"kv_cache_memory_bytes": GiB},
-            "reranker": {"kv_cache_memory_bytes": GiB}}
+    user = {
+        "chat": {"gpu_memory_utilization": 0.3},
+        "embedder": {"kv_cache_memory_bytes": GiB},
+        "reranker": {"kv_cache_memory_bytes": GiB},
+    }
     engines = rag(cpu, user=user)
     assert all(sized_by_user(e.user_kwargs) for e in engines)
     assert plan_memory(engines) == [(), (), ()]
@@ -175,8 +195,12 @@ def estimated(e: EngineNeeds) -> int:
 
 @pytest.mark.parametrize(
     ("chat", "free", "total"),
-    [(CHAT, 79 * GiB, 80 * GiB), (LLAMA8B, 79 * GiB, 80 * GiB), (CHAT, 22 * GiB, 24 * GiB),
-     (LLAMA8B, 40 * GiB, 48 * GiB)],
+    [
+        (CHAT, 79 * GiB, 80 * GiB),
+        (LLAMA8B, 79 * GiB, 80 * GiB),
+        (CHAT, 22 * GiB, 24 * GiB),
+        (LLAMA8B, 40 * GiB, 48 * GiB),
+    ],
     ids=["0.6B-80G", "8B-80G", "0.6B-24G", "8B-48G-busy"],
 )
 def test_gpu_engines_started_together_all_start_in_any_order(chat, free, total):
@@ -211,7 +235,7 @@ def test_gpu_plan_counts_an_engine_the_user_sized():
 
 
 def test_gpu_plan_that_cannot_fit_names_the_model_and_the_option():
-    small_gpu = lambda **m: gpu(free=15 * GiB, total=16 * GiB, **m)  # noqa: E731
+    small_gpu = lambda **m: gpu(free=15 * GiB, total=16 * GiB, **m)
     with pytest.raises(InsufficientMemoryError) as caught:
         plan_memory(rag(small_gpu, chat=LLAMA8B))  # 16 GiB of weights
     assert str(caught.value).startswith("chat:")

@@ -73,9 +73,15 @@ def test_request_timings_on_the_last_delta_and_in_both_frameworks(scripted) -> N
 
     message = ChatVLLM(model=s.path, vllm_kwargs=s.engine_kwargs).invoke("Hi")
     assert set(message.response_metadata["metrics"]) == {
-        "queue_time", "time_to_first_token", "prefill_time", "decode_time", "e2e_time"
+        "queue_time",
+        "time_to_first_token",
+        "prefill_time",
+        "decode_time",
+        "e2e_time",
     }
-    response = VLLM(model=s.path, vllm_kwargs=s.engine_kwargs).chat([ChatMessage(role="user", content="Hi")])
+    response = VLLM(model=s.path, vllm_kwargs=s.engine_kwargs).chat(
+        [ChatMessage(role="user", content="Hi")]
+    )
     assert response.raw["metrics"]["e2e_time"] > 0
 
 
@@ -196,7 +202,10 @@ def test_timeout_aborts_the_request_everywhere(scripted) -> None:
     assert err.value.timeout == 0.3 and "timeout" in str(err.value)
     assert len(got) < LONG["max_tokens"]
     chat = ChatVLLM(
-        model=s.path, vllm_kwargs=s.engine_kwargs, timeout=0.3, max_tokens=LONG["max_tokens"],
+        model=s.path,
+        vllm_kwargs=s.engine_kwargs,
+        timeout=0.3,
+        max_tokens=LONG["max_tokens"],
         extra_sampling={"ignore_eos": True},
     )
     with pytest.raises(RequestTimeoutError):
@@ -272,7 +281,9 @@ def test_stats_book_keeps_each_engine_core_apart() -> None:
     def step(running: int, finished: int, kv: float) -> tuple[Any, Any]:
         prefix = SimpleNamespace(queries=10, hits=5)
         scheduler = SimpleNamespace(
-            num_running_reqs=running, num_waiting_reqs=1, kv_cache_usage=kv,
+            num_running_reqs=running,
+            num_waiting_reqs=1,
+            kv_cache_usage=kv,
             prefix_cache_stats=prefix,
         )
         iteration = SimpleNamespace(

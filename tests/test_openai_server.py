@@ -131,7 +131,9 @@ def serve(scripted: Any) -> Iterator[Callable[..., Served]]:
 
 def streamed_text(chunks: list[Any], index: int = 0) -> str:
     return "".join(
-        c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == index
+        c.choices[0].delta.content or ""
+        for c in chunks
+        if c.choices and c.choices[0].index == index
     )
 
 
@@ -161,7 +163,9 @@ def test_each_family_stops_at_its_end_of_turn(serve: Callable[[str], Served], na
 # -- llama3: streaming, usage, sampling fields, errors, disconnects ---------------------------
 
 
-def test_streamed_deltas_concatenate_to_the_non_streamed_answer(serve: Callable[[str], Served]) -> None:
+def test_streamed_deltas_concatenate_to_the_non_streamed_answer(
+    serve: Callable[[str], Served],
+) -> None:
     srv = serve("llama3")
     chunks = srv.stream(messages=HELLO)
     texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
@@ -185,7 +189,9 @@ def test_usage_is_the_real_token_count(serve: Callable[[str], Served]) -> None:
     assert answer.usage.total_tokens == prompt_tokens + completion_tokens
     chunks = srv.stream(messages=HELLO, stream_options={"include_usage": True})
     assert chunks[-1].choices == []  # OpenAI's extra usage chunk
-    assert chunks[-1].usage.model_dump(exclude_none=True) == answer.usage.model_dump(exclude_none=True)
+    assert chunks[-1].usage.model_dump(exclude_none=True) == answer.usage.model_dump(
+        exclude_none=True
+    )
     assert all(c.usage is None for c in chunks[:-1])
     assert all(c.usage is None for c in srv.stream(messages=HELLO))  # not asked for
 
@@ -215,7 +221,12 @@ def test_stop_is_the_same_streaming_and_not(serve: Callable[[str], Served]) -> N
 def test_openai_and_vllm_sampling_fields_pass_through(serve: Callable[[str], Served]) -> None:
     srv = serve("llama3")
     answer = srv.chat(
-        messages=HELLO, temperature=0.7, top_p=0.9, seed=7, n=2, presence_penalty=0.1,
+        messages=HELLO,
+        temperature=0.7,
+        top_p=0.9,
+        seed=7,
+        n=2,
+        presence_penalty=0.1,
         extra_body={"repetition_penalty": 1.2, "top_k": 5, "min_p": 0.01},
     )
     assert [c.index for c in answer.choices] == [0, 1]
@@ -239,7 +250,10 @@ def test_response_format_json_schema_constrains_the_answer(serve: Callable[[str]
     schema = {"type": "string", "enum": ["yes"]}
     answer = srv.chat(
         messages=HELLO,
-        response_format={"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema}},
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "verdict", "schema": schema},
+        },
         max_tokens=20,
     )
     assert json.loads(answer.choices[0].message.content) == "yes"
@@ -291,7 +305,9 @@ def test_other_bad_requests_are_openai_shaped(serve: Callable[[str], Served]) ->
         ({"messages": HELLO, "logit_bias": {"the": 1}}, "logit_bias"),
     ]
     for body, param in cases:
-        response = httpx.post(f"{srv.url}/chat/completions", json={"model": srv.model, **body}, timeout=60)
+        response = httpx.post(
+            f"{srv.url}/chat/completions", json={"model": srv.model, **body}, timeout=60
+        )
         assert response.status_code == 400, body
         error = response.json()["error"]
         assert error["type"] == "invalid_request_error" and error["param"] == param
@@ -331,8 +347,10 @@ def test_a_client_that_disconnects_aborts_its_request(serve: Callable[[str], Ser
         httpx.post(f"{srv.url}/chat/completions", json=body, timeout=httpx.Timeout(60, read=0.3))
     abort_s = _wait_idle(engine)
     assert abort_s < full_s
-    print(f"400 tokens: {full_s:.2f} s; aborted after a disconnect within {stream_abort_s:.2f} s "
-          f"(streaming), {abort_s:.2f} s (not streaming)")
+    print(
+        f"400 tokens: {full_s:.2f} s; aborted after a disconnect within {stream_abort_s:.2f} s "
+        f"(streaming), {abort_s:.2f} s (not streaming)"
+    )
     assert srv.chat(messages=HELLO).choices[0].message.content == "The answer is complete."
     assert engine.num_unfinished_requests() == 0
 
@@ -341,7 +359,9 @@ def test_chat_openai_against_the_app(serve: Callable[[str], Served]) -> None:
     from langchain_openai import ChatOpenAI
 
     srv = serve("llama3")
-    llm = ChatOpenAI(model=srv.model, base_url=srv.url, api_key="unused", max_retries=0, stream_usage=True)
+    llm = ChatOpenAI(
+        model=srv.model, base_url=srv.url, api_key="unused", max_retries=0, stream_usage=True
+    )
     message = llm.invoke("Hello")
     assert message.content == "The answer is complete."
     assert message.response_metadata["finish_reason"] == "stop"
@@ -462,7 +482,10 @@ def test_a_tool_call_comes_back_as_tool_calls(serve: Callable[[str], Served]) ->
     final = srv.chat(messages=history, tools=[WEATHER_TOOL])
     assert final.choices[0].message.content == "The weather in Oslo is sunny."
     assert final.choices[0].finish_reason == "stop"
-    assert streamed_text(srv.stream(messages=history, tools=[WEATHER_TOOL])) == "The weather in Oslo is sunny."
+    assert (
+        streamed_text(srv.stream(messages=history, tools=[WEATHER_TOOL]))
+        == "The weather in Oslo is sunny."
+    )
 
 
 def test_chat_openai_bind_tools_against_the_app(serve: Callable[[str], Served]) -> None:
@@ -474,11 +497,15 @@ def test_chat_openai_bind_tools_against_the_app(serve: Callable[[str], Served]) 
     with_tools = llm.bind_tools([WEATHER_TOOL])
     ask = HumanMessage("What is the weather like in Oslo today?")
     message = with_tools.invoke([ask])
-    assert [(c["name"], c["args"]) for c in message.tool_calls] == [("get_weather", {"city": "Oslo"})]
+    assert [(c["name"], c["args"]) for c in message.tool_calls] == [
+        ("get_weather", {"city": "Oslo"})
+    ]
     streamed = None
     for chunk in with_tools.stream([ask]):
         streamed = chunk if streamed is None else streamed + chunk
-    assert [(c["name"], c["args"]) for c in streamed.tool_calls] == [("get_weather", {"city": "Oslo"})]
+    assert [(c["name"], c["args"]) for c in streamed.tool_calls] == [
+        ("get_weather", {"city": "Oslo"})
+    ]
     result = ToolMessage("It is sunny in Oslo.", tool_call_id=message.tool_calls[0]["id"])
     assert with_tools.invoke([ask, message, result]).content == "The weather in Oslo is sunny."
 
@@ -522,19 +549,27 @@ def test_the_guard_refuses_before_the_app_and_replays_the_body() -> None:
 
     # Over the limit in the third of four chunks: refused there, the fourth never read.
     assert guarded("/v1/chat/completions", auth, chunks(4, 40)) == {
-        "status": 413, "app_saw": [], "unread": 2,
+        "status": 413,
+        "app_saw": [],
+        "unread": 2,
     }
     assert guarded("/v1/chat/completions", {**auth, "Content-Length": "101"}, chunks(1, 101)) == {
-        "status": 413, "app_saw": [], "unread": 2,
+        "status": 413,
+        "app_saw": [],
+        "unread": 2,
     }
     # Under it: the app reads the same messages, then the disconnect from the server.
     assert guarded("/v1/chat/completions", auth, chunks(3, 30)) == {
-        "status": 200, "app_saw": chunks(3, 30), "unread": 0,
+        "status": 200,
+        "app_saw": chunks(3, 30),
+        "unread": 0,
     }
     # No key or a wrong one: nothing read, the app never called; /health needs no key.
     for headers in ({}, {"Authorization": "Bearer sk-wrong"}):
         assert guarded("/v1/models", headers, chunks(1, 0)) == {
-            "status": 401, "app_saw": [], "unread": 2,
+            "status": 401,
+            "app_saw": [],
+            "unread": 2,
         }
     assert guarded("/health", {}, chunks(1, 0))["status"] == 200
 

@@ -78,7 +78,9 @@ def test_a_child_orphaned_before_its_watch_began_stops_at_once() -> None:
     # "--multiprocessing-fork" marks a process multiprocessing's spawn started.
     child = subprocess.run(
         [sys.executable, "-c", "import time; time.sleep(60)", "--multiprocessing-fork"],
-        env=environment, timeout=30, check=False,
+        env=environment,
+        timeout=30,
+        check=False,
     )
     assert child.returncode == -signal.SIGTERM
 
@@ -90,7 +92,11 @@ def test_other_processes_are_not_watched() -> None:
     environment[vllm_boot.PARENT_PID_VARIABLE] = "1"
     child = subprocess.run(
         [sys.executable, "-c", "import threading; print(threading.active_count())"],
-        env=environment, timeout=30, check=False, capture_output=True, text=True,
+        env=environment,
+        timeout=30,
+        check=False,
+        capture_output=True,
+        text=True,
     )
     assert child.returncode == 0 and child.stdout == "1\n"
 
@@ -148,7 +154,11 @@ def test_a_spawned_child_keeps_its_exit_code_and_hooks_but_skips_the_interpreter
     script = tmp_path / "parent.py"
     script.write_text(EXITING)
     result = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120
+        [sys.executable, str(script), str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "buffered line exitcode=3\nbuffered line exitcode=1\n"
@@ -202,7 +212,10 @@ def test_an_engine_core_forks_its_workers_bound_as_vllm_binds_spawned_ones(
     script, seen = tmp_path / "parent.py", tmp_path / "worker"
     script.write_text(FORKING)
     result = subprocess.run(
-        [sys.executable, str(script), str(seen), start], capture_output=True, text=True,
+        [sys.executable, str(script), str(seen), start],
+        check=False,
+        capture_output=True,
+        text=True,
         timeout=120,
     )
     assert result.returncode == 0, result.stderr

@@ -23,19 +23,19 @@ GiB = 2**30
 MiB = 2**20
 
 # Qwen3-0.6B-like: 28 layers x 8 KV heads x 128 = 57344 K+V elements per token, 40960 tokens.
-QWEN = dict(
-    kv_elements_per_token=2 * 28 * 8 * 128,
-    model_max_len=40960,
-    checkpoint_dtype="bfloat16",
-    weights_bytes=int(1.2 * GiB),
-)
+QWEN = {
+    "kv_elements_per_token": 2 * 28 * 8 * 128,
+    "model_max_len": 40960,
+    "checkpoint_dtype": "bfloat16",
+    "weights_bytes": int(1.2 * GiB),
+}
 # SmolLM2-135M-like: 30 layers x 3 KV heads x 64, 8192 tokens, float32 weights.
-SMOL = dict(
-    kv_elements_per_token=2 * 30 * 3 * 64,
-    model_max_len=8192,
-    checkpoint_dtype="float32",
-    weights_bytes=540 * MiB,
-)
+SMOL = {
+    "kv_elements_per_token": 2 * 30 * 3 * 64,
+    "model_max_len": 8192,
+    "checkpoint_dtype": "float32",
+    "weights_bytes": 540 * MiB,
+}
 
 
 def cpu(free: int = 13 * GiB, flags: frozenset[str] = frozenset({"avx2"}), **model) -> MachineFacts:
@@ -78,7 +78,7 @@ def test_cpu_with_bf16_gets_bfloat16(flag: str) -> None:
 
 
 def test_kv_cache_is_capped_and_never_more_than_half_of_what_is_left() -> None:
-    tiny = dict(kv_elements_per_token=2 * 1 * 8 * 64, model_max_len=512, weights_bytes=2 * MiB)
+    tiny = {"kv_elements_per_token": 2 * 1 * 8 * 64, "model_max_len": 512, "weights_bytes": 2 * MiB}
     assert (
         chosen(choose_engine_kwargs({}, cpu(**tiny)))["kv_cache_memory_bytes"] == 64 * MiB
     )  # floor
@@ -188,7 +188,9 @@ def test_one_rank_needs_no_binding() -> None:
 def test_tp_pp_on_one_numa_node_get_a_cpu_set_per_rank(user, cpus, bind) -> None:
     result = choose_engine_kwargs(user, two_cpus(allowed_cpus=cpus))
     assert result.environment == {"VLLM_CPU_OMP_THREADS_BIND": bind}
-    assert "VLLM_CPU_OMP_THREADS_BIND" not in result.kwargs  # an environment variable, not an option
+    assert (
+        "VLLM_CPU_OMP_THREADS_BIND" not in result.kwargs
+    )  # an environment variable, not an option
     assert "VLLM_CPU_OMP_THREADS_BIND=" + bind in result.summary()
 
 
@@ -224,7 +226,9 @@ def test_more_ranks_than_cpus_is_refused_naming_the_option(user, option, value) 
 
 
 def test_heads_not_divisible_by_tp_is_refused_before_start() -> None:
-    with pytest.raises(ParallelLayoutError, match=r"tensor_parallel_size=3 does not divide the model's 8") as info:
+    with pytest.raises(
+        ParallelLayoutError, match=r"tensor_parallel_size=3 does not divide the model's 8"
+    ) as info:
         choose_engine_kwargs({"tensor_parallel_size": 3}, two_cpus(allowed_cpus=(0, 1, 2, 3)))
     assert info.value.option == "tensor_parallel_size"
 

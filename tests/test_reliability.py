@@ -90,7 +90,9 @@ async def test_cancellation_storm_drains_and_the_engine_answers_next(scripted):
     assert not result.errors, result.errors[:3]
     assert result.by_style == {style: 30 for style in stress.STYLES}
     drained = await stress.adrain(engine, timeout=1.0)
-    assert drained is not None, f"{engine.num_unfinished_requests()} requests still running after 1 s"
+    assert drained is not None, (
+        f"{engine.num_unfinished_requests()} requests still running after 1 s"
+    )
     leftover = [t for t in threading.enumerate() if t.ident not in threads_before]
     assert not leftover, leftover
     for name, path in paths.items():
@@ -171,70 +173,114 @@ LANGCHAIN_BAD = [
     (
         "unknown-role",
         lambda c, s, tmp: c.invoke([LCChatMessage(role="wizard", content="hi")]),
-        BadRequestError, "messages[0].role", "wizard",
+        BadRequestError,
+        "messages[0].role",
+        "wizard",
     ),
     (
         "audio-content",
         lambda c, s, tmp: c.invoke(
             [HumanMessage([{"type": "audio", "base64": "AA", "mime_type": "audio/wav"}])]
         ),
-        BadRequestError, "messages[0].content[0]", "audio",
+        BadRequestError,
+        "messages[0].content[0]",
+        "audio",
     ),
     (
         "prompt-longer-than-context",
         lambda c, s, tmp: c.invoke(TOO_LONG),
-        ContextLengthExceededError, "messages", "maximum context length is 512 tokens",
+        ContextLengthExceededError,
+        "messages",
+        "maximum context length is 512 tokens",
     ),
     (
         "max-tokens-over-context",
         lambda c, s, tmp: c.invoke(QUESTION, max_tokens=100_000),
-        BadRequestError, "max_tokens", "100000",
+        BadRequestError,
+        "max_tokens",
+        "100000",
     ),
-    ("max-tokens-negative", lambda c, s, tmp: list(c.stream(QUESTION, max_tokens=-3)), BadRequestError, "max_tokens", "-3"),
-    ("top-p-above-one", lambda c, s, tmp: c.invoke(QUESTION, top_p=1.5), BadRequestError, "top_p", "1.5"),
+    (
+        "max-tokens-negative",
+        lambda c, s, tmp: list(c.stream(QUESTION, max_tokens=-3)),
+        BadRequestError,
+        "max_tokens",
+        "-3",
+    ),
+    (
+        "top-p-above-one",
+        lambda c, s, tmp: c.invoke(QUESTION, top_p=1.5),
+        BadRequestError,
+        "top_p",
+        "1.5",
+    ),
     ("n-zero", lambda c, s, tmp: c.invoke(QUESTION, n=0), BadRequestError, "n", "n=0"),
-    ("stop-not-strings", lambda c, s, tmp: c.invoke(QUESTION, stop=[1, 2]), BadRequestError, "stop", "[1, 2]"),
+    (
+        "stop-not-strings",
+        lambda c, s, tmp: c.invoke(QUESTION, stop=[1, 2]),
+        BadRequestError,
+        "stop",
+        "[1, 2]",
+    ),
     (
         "malformed-tool",
         lambda c, s, tmp: c.bind(tools=[{"type": "function"}]).invoke(QUESTION),
-        BadRequestError, "tools[0]", "'type': 'function'",
+        BadRequestError,
+        "tools[0]",
+        "'type': 'function'",
     ),
     (
         "tool-choice-without-tools",
         lambda c, s, tmp: c.invoke(QUESTION, tool_choice="get_weather"),
-        BadRequestError, "tool_choice", "get_weather",
+        BadRequestError,
+        "tool_choice",
+        "get_weather",
     ),
     (
         "invalid-json-schema",
-        lambda c, s, tmp: c.bind(structured_outputs={"json": {"type": "no-such-type"}}).invoke(QUESTION),
-        BadRequestError, "structured_outputs", "structured_outputs",
+        lambda c, s, tmp: c.bind(structured_outputs={"json": {"type": "no-such-type"}}).invoke(
+            QUESTION
+        ),
+        BadRequestError,
+        "structured_outputs",
+        "structured_outputs",
     ),
     (
         "unknown-reasoning-parser",
         lambda c, s, tmp: c.invoke(QUESTION, reasoning_parser="no_such_parser"),
-        BadRequestError, "reasoning_parser", "no_such_parser",
+        BadRequestError,
+        "reasoning_parser",
+        "no_such_parser",
     ),
     (
         "chat-template-not-a-template",
         lambda c, s, tmp: _lc(s, chat_template="no-such-file.jinja").invoke(QUESTION),
-        ChatTemplateError, "chat_template", "no-such-file.jinja",
+        ChatTemplateError,
+        "chat_template",
+        "no-such-file.jinja",
     ),
     (
         "missing-model-path",
         lambda c, s, tmp: ChatVLLM(model="/no/such/model/dir").invoke(QUESTION),
-        ModelLoadError, None, "/no/such/model/dir",
+        ModelLoadError,
+        None,
+        "/no/such/model/dir",
     ),
     (
         "model-dir-without-tokenizer",
         lambda c, s, tmp: ChatVLLM(model=str(tmp)).invoke(QUESTION),
-        ModelLoadError, None, "no tokenizer",
+        ModelLoadError,
+        None,
+        "no tokenizer",
     ),
     (
         "unknown-vllm-kwargs-key",
         lambda c, s, tmp: ChatVLLM(
             model=s.path, vllm_kwargs={**s.engine_kwargs, "no_such_option": 1}
         ).invoke(QUESTION),
-        ModelLoadError, None, "no_such_option",
+        ModelLoadError,
+        None,
+        "no_such_option",
     ),
 ]
 
@@ -247,69 +293,119 @@ LLAMA_INDEX_BAD = [
     (
         "unknown-role",
         lambda m, s, tmp: m.chat([ChatMessage(role=MessageRole.FUNCTION, content="hi")]),
-        BadRequestError, "messages[0].role", "function",
+        BadRequestError,
+        "messages[0].role",
+        "function",
     ),
     (
         "audio-block",
-        lambda m, s, tmp: m.chat([ChatMessage(role="user", blocks=[AudioBlock(url="http://x/a.wav")])]),
-        BadRequestError, "messages[0].blocks[0]", "audio",
+        lambda m, s, tmp: m.chat(
+            [ChatMessage(role="user", blocks=[AudioBlock(url="http://x/a.wav")])]
+        ),
+        BadRequestError,
+        "messages[0].blocks[0]",
+        "audio",
     ),
     (
         "prompt-longer-than-context",
         lambda m, s, tmp: m.complete(TOO_LONG),
-        ContextLengthExceededError, "messages", "maximum context length is 512 tokens",
+        ContextLengthExceededError,
+        "messages",
+        "maximum context length is 512 tokens",
     ),
     (
         "max-tokens-over-context",
         lambda m, s, tmp: list(m.stream_chat(LI_USER, max_tokens=100_000)),
-        BadRequestError, "max_tokens", "100000",
+        BadRequestError,
+        "max_tokens",
+        "100000",
     ),
-    ("max-tokens-negative", lambda m, s, tmp: m.chat(LI_USER, max_tokens=-1), BadRequestError, "max_tokens", "-1"),
-    ("temperature-negative", lambda m, s, tmp: m.complete("hi", temperature=-0.1), BadRequestError, "temperature", "-0.1"),
-    ("top-p-above-one", lambda m, s, tmp: m.chat(LI_USER, top_p=1.5), BadRequestError, "top_p", "1.5"),
+    (
+        "max-tokens-negative",
+        lambda m, s, tmp: m.chat(LI_USER, max_tokens=-1),
+        BadRequestError,
+        "max_tokens",
+        "-1",
+    ),
+    (
+        "temperature-negative",
+        lambda m, s, tmp: m.complete("hi", temperature=-0.1),
+        BadRequestError,
+        "temperature",
+        "-0.1",
+    ),
+    (
+        "top-p-above-one",
+        lambda m, s, tmp: m.chat(LI_USER, top_p=1.5),
+        BadRequestError,
+        "top_p",
+        "1.5",
+    ),
     ("n-zero", lambda m, s, tmp: m.chat(LI_USER, n=0), BadRequestError, "n", "n=0"),
-    ("stop-not-strings", lambda m, s, tmp: m.chat(LI_USER, stop=[1]), BadRequestError, "stop", "[1]"),
+    (
+        "stop-not-strings",
+        lambda m, s, tmp: m.chat(LI_USER, stop=[1]),
+        BadRequestError,
+        "stop",
+        "[1]",
+    ),
     (
         "malformed-tool",
         lambda m, s, tmp: m.chat(LI_USER, tools=[{"type": "function", "function": {"name": ""}}]),
-        BadRequestError, "tools[0].function.name", "''",
+        BadRequestError,
+        "tools[0].function.name",
+        "''",
     ),
     (
         "tool-choice-unknown-tool",
         lambda m, s, tmp: m.chat(LI_USER, tools=[WEATHER], tool_choice="get_time"),
-        BadRequestError, "tool_choice", "get_time",
+        BadRequestError,
+        "tool_choice",
+        "get_time",
     ),
     (
         "invalid-json-schema",
         lambda m, s, tmp: m.chat(LI_USER, structured_outputs={"json": {"type": "no-such-type"}}),
-        BadRequestError, "structured_outputs", "structured_outputs",
+        BadRequestError,
+        "structured_outputs",
+        "structured_outputs",
     ),
     (
         "unknown-tool-parser",
         lambda m, s, tmp: _li(s, tool_parser="no_such_parser").chat(LI_USER, tools=[WEATHER]),
-        BadRequestError, "tool_parser", "no_such_parser",
+        BadRequestError,
+        "tool_parser",
+        "no_such_parser",
     ),
     (
         "unknown-reasoning-parser",
         lambda m, s, tmp: _li(s, reasoning_parser="no_such_parser").chat(LI_USER),
-        BadRequestError, "reasoning_parser", "no_such_parser",
+        BadRequestError,
+        "reasoning_parser",
+        "no_such_parser",
     ),
     (
         "missing-model-path",
         lambda m, s, tmp: VLLM(model="/no/such/model/dir").chat(LI_USER),
-        ModelLoadError, None, "/no/such/model/dir",
+        ModelLoadError,
+        None,
+        "/no/such/model/dir",
     ),
     (
         "model-dir-without-tokenizer",
         lambda m, s, tmp: VLLM(model=str(tmp)).chat(LI_USER),
-        ModelLoadError, None, "no tokenizer",
+        ModelLoadError,
+        None,
+        "no tokenizer",
     ),
     (
         "unknown-vllm-kwargs-key",
         lambda m, s, tmp: VLLM(
             model=s.path, vllm_kwargs={**s.engine_kwargs, "no_such_option": 1}
         ).chat(LI_USER),
-        ModelLoadError, None, "no_such_option",
+        ModelLoadError,
+        None,
+        "no_such_option",
     ),
 ]
 
@@ -428,7 +524,7 @@ class _capture_vllm_inline_log:
         self.logger.addHandler(self.handler)
         return self.handler.records
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.logger.removeHandler(self.handler)
         self.logger.setLevel(self.level)
 
@@ -462,7 +558,11 @@ def test_templateless_model_refuses_chats_but_takes_prompts(templateless):
     assert "".join(d.text for d in deltas) == s.scenario.completion.answer
     assert deltas[-1].finish_reason == "stop"
     # And the remedy the error names works.
-    deltas = list(engine.stream(USER, chat_template="{% for m in messages %}{{ m.content }}{% endfor %}", max_tokens=3))
+    deltas = list(
+        engine.stream(
+            USER, chat_template="{% for m in messages %}{{ m.content }}{% endfor %}", max_tokens=3
+        )
+    )
     assert deltas[-1].finish_reason is not None
 
 
@@ -494,10 +594,18 @@ async def test_engine_death_ends_integration_streams_with_the_engine_error(templ
     assert engine.processes  # engine core (and its worker), started by the fixture
     kwargs = {**s.engine_kwargs, "seed": 60601}
     chat = ChatVLLM(
-        model=engine.model, vllm_kwargs=kwargs, max_tokens=400, extra_sampling={"ignore_eos": True},
+        model=engine.model,
+        vllm_kwargs=kwargs,
+        max_tokens=400,
+        extra_sampling={"ignore_eos": True},
         chat_template="{% for m in messages %}{{ m.content }}{% endfor %}",
     )
-    llm = VLLM(model=engine.model, vllm_kwargs=kwargs, max_tokens=400, additional_kwargs={"ignore_eos": True})
+    llm = VLLM(
+        model=engine.model,
+        vllm_kwargs=kwargs,
+        max_tokens=400,
+        additional_kwargs={"ignore_eos": True},
+    )
     sync_stream = chat.stream(QUESTION)
     next(sync_stream)
     async_stream = await llm.astream_complete(s.scenario.completion_prompt, formatted=True)

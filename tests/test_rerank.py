@@ -62,8 +62,11 @@ def expected(reranker) -> list[float]:
     with torch.no_grad():
         for doc in DOCS:
             enc = tokenizer(
-                text=QUERY, text_pair=doc, truncation=True,
-                max_length=kwargs["max_model_len"] + 1, return_tensors="pt",
+                text=QUERY,
+                text_pair=doc,
+                truncation=True,
+                max_length=kwargs["max_model_len"] + 1,
+                return_tensors="pt",
             )
             scores.append(torch.sigmoid(model(**enc).logits[0, 0]).item())
     return scores
@@ -282,8 +285,9 @@ def test_llama_index_postprocessor(reranker, expected) -> None:
     rerank = VLLMRerank(model=path, vllm_kwargs=kwargs, top_n=3)
     assert rerank.engine is engine
     assert VLLMRerank.class_name() == "VLLMInlineRerank"
-    nodes = [NodeWithScore(node=TextNode(text=t, id_=str(i)), score=0.0)
-             for i, t in enumerate(DOCS)]
+    nodes = [
+        NodeWithScore(node=TextNode(text=t, id_=str(i)), score=0.0) for i, t in enumerate(DOCS)
+    ]
     best = rerank.postprocess_nodes(nodes, query_str=QUERY)
     assert [int(n.node.node_id) for n in best] == ranked(expected)[:3]
     assert close([n.score for n in best], sorted(expected, reverse=True)[:3])

@@ -125,13 +125,15 @@ def test_an_edited_kit_builds_new_models(tmp_path: Path) -> None:
 def test_command_line_builds_and_prints_paths(tmp_path: Path) -> None:
     env = {**os.environ, "VLLMINLINE_CACHE": str(tmp_path)}
     run = [sys.executable, "-m", "vllm_inline.testing"]
-    out = subprocess.run([*run, "gemma", "embedder"], env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [*run, "gemma", "embedder"], env=env, check=False, capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     lines = [line.split(" ", 1) for line in out.stdout.splitlines()]
     assert [name for name, _ in lines] == ["gemma", "embedder"]
     assert all(Path(path).parent == tmp_path / "scripted" for _, path in lines)
     assert (Path(lines[0][1]) / "scenario.json").is_file()
-    bad = subprocess.run([*run, "nope"], env=env, capture_output=True, text=True)
+    bad = subprocess.run([*run, "nope"], env=env, check=False, capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown model nope: use one of llama3" in bad.stderr
 
 
@@ -210,12 +212,14 @@ def test_my_agent_calls_the_tool_and_answers(chatml_tools):
 
     result = agent.invoke({"messages": [("human", "What is the weather in Oslo?")]})
 
-    question, call, tool_result, final = result["messages"]
+    _question, call, tool_result, final = result["messages"]
     assert call.tool_calls[0]["name"] == "get_weather"
     assert call.tool_calls[0]["args"] == {"city": "Oslo"}
     assert tool_result.content == "It is sunny in Oslo."  # the agent ran your tool
     # The model says this only when the tool result really is in its prompt.
     assert final.content == chatml_tools.scenario.after_tool.answer
+
+
 # docs example: end
 
 

@@ -72,8 +72,9 @@ def test_source_check_finds_what_is_missing():
     assert check_sources(Use(("vllm.nowhere",), "Name"), sources)
     assert check_sources(Use(("vllm",), "SamplingParams", keywords=("best_of",)), sources)
     assert check_sources(Use(("vllm.v1.engine.async_llm",), "AsyncLLM", members=("nope",)), sources)
-    assert check_sources(Use(("vllm.v1.engine.async_llm",), "AsyncLLM.generate",
-                             keywords=("nope",)), sources)
+    assert check_sources(
+        Use(("vllm.v1.engine.async_llm",), "AsyncLLM.generate", keywords=("nope",)), sources
+    )
 
 
 def test_contract_lists_every_import_of_the_seam():
@@ -116,8 +117,12 @@ def test_every_installed_vllm_exception_has_a_typed_error():
     for name in EXCEPTION_MODULES:
         module = importlib.import_module(name)
         for value in vars(module).values():
-            if (isinstance(value, type) and issubclass(value, BaseException)
-                    and value.__module__ == name and vllm_engine.error_kind(value) is None):
+            if (
+                isinstance(value, type)
+                and issubclass(value, BaseException)
+                and value.__module__ == name
+                and vllm_engine.error_kind(value) is None
+            ):
                 unmapped.append(f"{name}.{value.__name__}")
     assert unmapped == []
 
@@ -143,8 +148,9 @@ def test_every_vllm_exception_in_sources_has_a_typed_error(root):
 
 def _standin(name: str, *bases: type, module: str = "vllm.exceptions") -> type:
     """A class named and placed as vLLM's (0.33 shapes cannot be imported on 0.32)."""
-    return types.new_class(name, bases or (Exception,), exec_body=lambda ns: ns.update(
-        __module__=module))
+    return types.new_class(
+        name, bases or (Exception,), exec_body=lambda ns: ns.update(__module__=module)
+    )
 
 
 def test_vllm_033_exception_shapes_map_to_typed_errors():
@@ -164,8 +170,9 @@ def test_vllm_033_exception_shapes_map_to_typed_errors():
     bad = vllm_engine.map_error(resolution("no template"), "m")
     assert isinstance(bad, BadRequestError) and "no template" in str(bad)
     assert isinstance(vllm_engine.map_error(dead(), "m"), EngineDeadError)
-    assert isinstance(vllm_engine.map_error(_standin("SomethingNew", server)("x"), "m"),
-                      GenerationFailedError)
+    assert isinstance(
+        vllm_engine.map_error(_standin("SomethingNew", server)("x"), "m"), GenerationFailedError
+    )
     # Not vLLM's: not mapped, re-raised as is.
     assert vllm_engine.map_error(_standin("GenerationError", module="elsewhere")("x"), "m") is None
 
@@ -175,8 +182,9 @@ def test_installed_vllm_exceptions_map_to_typed_errors():
 
     from vllm_inline.engine.seam import vllm_engine
 
-    bad = vllm_engine.map_error(VLLMValidationError("temperature is bad", parameter="temperature",
-                                              value=9), "m")
+    bad = vllm_engine.map_error(
+        VLLMValidationError("temperature is bad", parameter="temperature", value=9), "m"
+    )
     assert isinstance(bad, BadRequestError) and (bad.parameter, bad.value) == ("temperature", 9)
     assert isinstance(vllm_engine.map_error(GenerationError("boom"), "m"), GenerationFailedError)
     assert vllm_engine.map_error(KeyError("x"), "m") is None
@@ -185,11 +193,14 @@ def test_installed_vllm_exceptions_map_to_typed_errors():
 # -- skip_special_tokens: the parser's need, the model's default, the caller's value -----------
 
 
-@pytest.mark.parametrize(("field", "needs"), [
-    (True, None),    # 0.32: the field defaults to True; a parser that needs nothing leaves it
-    (None, None),    # 0.33: the field defaults to None
-    (False, False),  # either: a parser that reads special tokens set it to False
-])
+@pytest.mark.parametrize(
+    ("field", "needs"),
+    [
+        (True, None),  # 0.32: the field defaults to True; a parser that needs nothing leaves it
+        (None, None),  # 0.33: the field defaults to None
+        (False, False),  # either: a parser that reads special tokens set it to False
+    ],
+)
 def test_parser_requirement_reads_the_same_in_both_shapes(field, needs):
     from vllm_inline.engine.seam.vllm_parsing import required_skip_special_tokens
 
@@ -197,8 +208,14 @@ def test_parser_requirement_reads_the_same_in_both_shapes(field, needs):
 
 
 def _sampling(call, model_defaults, needs):
-    return final_sampling(call, model_defaults=model_defaults, parser_needs=needs,
-                          stop_token_ids=(), max_model_len=512, prompt_tokens=8)
+    return final_sampling(
+        call,
+        model_defaults=model_defaults,
+        parser_needs=needs,
+        stop_token_ids=(),
+        max_model_len=512,
+        prompt_tokens=8,
+    )
 
 
 def test_parser_requirement_wins_over_the_models_default():
@@ -213,8 +230,12 @@ def test_callers_value_wins_over_the_parsers_requirement():
 
 
 def test_no_requirement_leaves_the_models_default_or_vllms():
-    assert _sampling({}, {"skip_special_tokens": False}, {"skip_special_tokens": None})[
-        "skip_special_tokens"] is False
+    assert (
+        _sampling({}, {"skip_special_tokens": False}, {"skip_special_tokens": None})[
+            "skip_special_tokens"
+        ]
+        is False
+    )
     assert "skip_special_tokens" not in _sampling({}, {}, {"skip_special_tokens": None})
 
 
@@ -241,7 +262,9 @@ def test_support_status():
 def test_pyproject_and_docs_state_the_same_range():
     import tomllib
 
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
     low, high = SUPPORTED_RANGE
     assert extras["gpu"] == [f"vllm>={low.rsplit('.', 1)[0]},<={high}"]
     newest_cpu = max((v for v in RUN_ON_CPU), key=lambda v: tuple(map(int, v.split("."))))
@@ -278,9 +301,11 @@ def test_check_names_the_vllm_and_its_status(monkeypatch):
     from vllm_inline import check
     from vllm_inline.check_report import Report
 
-    for version, status, shown in [("0.32.0", "info", "tested"),
-                                   ("0.33.0", "info", "checked from sources"),
-                                   ("0.29.0", "warn", "unknown")]:
+    for version, status, shown in [
+        ("0.32.0", "info", "tested"),
+        ("0.33.0", "info", "checked from sources"),
+        ("0.29.0", "warn", "unknown"),
+    ]:
         monkeypatch.setattr(check, "installed_vllm", lambda v=version: ("vllm", v))
         report = Report("m")
         check._vllm_row(report)

@@ -35,7 +35,11 @@ def _resolve_installed(use: Use) -> tuple[Any, str]:
             continue
         try:
             for part in use.name.split("."):
-                obj = getattr(obj, part) if not isinstance(obj, type) else inspect.getattr_static(obj, part)
+                obj = (
+                    getattr(obj, part)
+                    if not isinstance(obj, type)
+                    else inspect.getattr_static(obj, part)
+                )
         except AttributeError:
             errors.append(f"{module_name} has no {use.name}")
             continue
@@ -146,8 +150,12 @@ class Sources:
         for node in ast.walk(tree):
             if isinstance(node, ast.Dict):
                 for key, value in zip(node.keys, node.values):
-                    if (isinstance(key, ast.Constant) and key.value == name
-                            and isinstance(value, ast.Constant) and isinstance(value.value, str)):
+                    if (
+                        isinstance(key, ast.Constant)
+                        and key.value == name
+                        and isinstance(value, ast.Constant)
+                        and isinstance(value.value, str)
+                    ):
                         target, _, attr = value.value.partition(":")
                         target = module + target if target.startswith(".") else target
                         return self.find(target, attr or name, depth + 1)
@@ -190,8 +198,11 @@ class Sources:
             if isinstance(node, (ast.Assign, ast.AnnAssign)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for target in targets:
-                    if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
-                            and target.value.id == "self"):
+                    if (
+                        isinstance(target, ast.Attribute)
+                        and isinstance(target.value, ast.Name)
+                        and target.value.id == "self"
+                    ):
                         names.add(target.attr)
         if depth < 8:
             for base in cls.bases:
@@ -214,13 +225,20 @@ def _absolute(module: str, node: ast.ImportFrom, is_package: bool) -> str:
 
 
 def _defines(node: ast.AST, name: str) -> ast.AST | None:
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+    if (
+        isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and node.name == name
+    ):
         return node
     if isinstance(node, ast.Assign):
         for target in node.targets:
             if isinstance(target, ast.Name) and target.id == name:
                 return node
-    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+    if (
+        isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and node.target.id == name
+    ):
         return node
     if isinstance(node, (ast.If, ast.Try)):
         for child in [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", [])]:
@@ -281,8 +299,11 @@ def seam_imports(paths: list[Path]) -> Iterator[tuple[Path, str, str]]:
     for path in paths:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and not node.level and node.module and (
-                node.module == "vllm" or node.module.startswith("vllm.")
+            if (
+                isinstance(node, ast.ImportFrom)
+                and not node.level
+                and node.module
+                and (node.module == "vllm" or node.module.startswith("vllm."))
             ):
                 for alias in node.names:
                     yield path, node.module, alias.name

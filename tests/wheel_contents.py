@@ -45,7 +45,9 @@ def expected_wheel_files(pyproject: dict, tracked: list[str]) -> dict[str, str]:
         package = max(owners, key=lambda p: len(source_dir[p]))
         relative = PurePosixPath(path).relative_to(source_dir[package])
         target = str(PurePosixPath(package.replace(".", "/")) / relative)
-        if path.endswith(".py") or any(fnmatch.fnmatch(str(relative), g) for g in data.get(package, [])):
+        if path.endswith(".py") or any(
+            fnmatch.fnmatch(str(relative), g) for g in data.get(package, [])
+        ):
             expected[target] = path
         else:
             expected[f"(not shipped) {target}"] = path
@@ -58,18 +60,28 @@ def check_wheel(wheel: Path, pyproject: dict, tracked: list[str]) -> list[str]:
     dist_info = f"{project['name'].replace('-', '_')}-{project['version']}.dist-info/"
     shipped = {n for n in names if not n.startswith(dist_info)}
     expected = expected_wheel_files(pyproject, tracked)
-    problems = [f"missing from the wheel: {w} (source {s})" for w, s in sorted(expected.items())
-                if w not in shipped]
-    problems += [f"in the wheel but not in the source mapping: {n}" for n in sorted(shipped - set(expected))]
+    problems = [
+        f"missing from the wheel: {w} (source {s})"
+        for w, s in sorted(expected.items())
+        if w not in shipped
+    ]
+    problems += [
+        f"in the wheel but not in the source mapping: {n}" for n in sorted(shipped - set(expected))
+    ]
     if dist_info + "METADATA" not in names:
-        return [*problems, f"no {dist_info}METADATA: the wheel's version is not {project['version']}"]
+        return [
+            *problems,
+            f"no {dist_info}METADATA: the wheel's version is not {project['version']}",
+        ]
     with zipfile.ZipFile(wheel) as z:
         metadata = Parser().parsestr(z.read(dist_info + "METADATA").decode())
         entry_points = z.read(dist_info + "entry_points.txt").decode()
     if metadata["Version"] != project["version"]:
         problems.append(f"METADATA Version {metadata['Version']} != pyproject {project['version']}")
     extras = set(metadata.get_all("Provides-Extra") or [])
-    problems += [f"extra {e!r} not in METADATA" for e in project["optional-dependencies"] if e not in extras]
+    problems += [
+        f"extra {e!r} not in METADATA" for e in project["optional-dependencies"] if e not in extras
+    ]
     for script, target in project.get("scripts", {}).items():
         if f"{script} = {target}" not in entry_points:
             problems.append(f"console script {script} = {target} not in entry_points.txt")
@@ -87,21 +99,28 @@ def check_sdist(sdist: Path, pyproject: dict, tracked: list[str]) -> list[str]:
 
 def main(dist: str) -> int:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
-                             check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     wheels, sdists = sorted(Path(dist).glob("*.whl")), sorted(Path(dist).glob("*.tar.gz"))
     if len(wheels) != 1 or len(sdists) != 1:
-        print(f"expected one wheel and one sdist in {dist}, found {wheels + sdists}", file=sys.stderr)
+        print(
+            f"expected one wheel and one sdist in {dist}, found {wheels + sdists}", file=sys.stderr
+        )
         return 1
     print(f"{wheels[0].name}:")
     for info in zipfile.ZipFile(wheels[0]).infolist():
         print(f"  {info.file_size:>8}  {info.filename}")
-    problems = check_wheel(wheels[0], pyproject, tracked) + check_sdist(sdists[0], pyproject, tracked)
+    problems = check_wheel(wheels[0], pyproject, tracked) + check_sdist(
+        sdists[0], pyproject, tracked
+    )
     for problem in problems:
         print(f"FAIL {problem}", file=sys.stderr)
     if not problems:
-        print(f"{wheels[0].name} and {sdists[0].name} hold every mapped file, the version, the extras "
-              "and the console script")
+        print(
+            f"{wheels[0].name} and {sdists[0].name} hold every mapped file, the version, the extras "
+            "and the console script"
+        )
     return 1 if problems else 0
 
 

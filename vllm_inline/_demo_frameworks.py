@@ -59,7 +59,9 @@ def run_langchain(engine: Any, question: str, max_tokens: int = 128, **sampling:
     message = usage.message
     counts = (message.usage_metadata or {}) if message is not None else {}
     finish = message.response_metadata.get("finish_reason") if message is not None else None
-    print(_summary(finish, counts.get("input_tokens"), counts.get("output_tokens"), ttft), flush=True)
+    print(
+        _summary(finish, counts.get("input_tokens"), counts.get("output_tokens"), ttft), flush=True
+    )
     return "".join(pieces)
 
 
@@ -69,7 +71,9 @@ def run_llama_index(engine: Any, question: str, max_tokens: int = 128, **samplin
 
     from vllm_inline.integrations.llama_index import VLLM
 
-    llm = VLLM(model=engine.model, vllm_kwargs=engine.vllm_kwargs, max_tokens=max_tokens, **sampling)
+    llm = VLLM(
+        model=engine.model, vllm_kwargs=engine.vllm_kwargs, max_tokens=max_tokens, **sampling
+    )
     messages = [
         ChatMessage(role="system", content="You are a concise assistant."),
         ChatMessage(role="user", content=question),
@@ -86,7 +90,10 @@ def run_llama_index(engine: Any, question: str, max_tokens: int = 128, **samplin
     extra = last.additional_kwargs if last is not None else {}
     print(
         _summary(
-            extra.get("finish_reason"), extra.get("prompt_tokens"), extra.get("completion_tokens"), ttft
+            extra.get("finish_reason"),
+            extra.get("prompt_tokens"),
+            extra.get("completion_tokens"),
+            ttft,
         ),
         flush=True,
     )

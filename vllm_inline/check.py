@@ -37,7 +37,6 @@ CONVERSATION: list[dict[str, Any]] = [
 _MARKER = "vllm-inline-check-marker"
 
 
-
 def _generation_config_eos(model: str) -> list[int]:
     try:
         from transformers import GenerationConfig
@@ -273,9 +272,13 @@ def _vllm_row(report: Report) -> None:
         return
     dist, version = found
     status = support_status(version)
-    detail = "" if status != "unknown" else (
-        f"Outside the supported range ({range_text()}): it may work; if something breaks, "
-        "install a release in that range (docs/compatibility.md)."
+    detail = (
+        ""
+        if status != "unknown"
+        else (
+            f"Outside the supported range ({range_text()}): it may work; if something breaks, "
+            "install a release in that range (docs/compatibility.md)."
+        )
     )
     level = "warn" if status == "unknown" else "info"
     report.add("vllm", level, f"{dist} {version}: {status}", detail)

@@ -17,6 +17,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from typing_extensions import Self
+
 from . import __version__
 from .testing import build_scripted_model
 
@@ -54,7 +56,7 @@ class Spinner:
         sys.stderr.write("\r" + " " * (len(self._message) + 16) + "\r")
         sys.stderr.flush()
 
-    def __enter__(self) -> Spinner:
+    def __enter__(self) -> Self:
         if sys.stderr.isatty():
             self._thread.start()
         else:
@@ -188,18 +190,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("chat", "interactive streaming chat in the terminal"),
     ):
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--model", default=os.environ.get("MODEL") or None,
-                       help="hub id or local path (default: $MODEL, else the embedded scripted model)")
-        p.add_argument("--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)")
+        p.add_argument(
+            "--model",
+            default=os.environ.get("MODEL") or None,
+            help="hub id or local path (default: $MODEL, else the embedded scripted model)",
+        )
+        p.add_argument(
+            "--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)"
+        )
     help_text = "check that vllm-inline runs a model right: a table, exit code 0/1 (docs/models.md)"
     p = sub.add_parser("check", help=help_text, description=help_text)
-    p.add_argument("--model", default=os.environ.get("MODEL") or None,
-                   help="hub id or local path (default: $MODEL)")
-    p.add_argument("--tool-parser", help="vLLM tool parser for the tool round trip (default: the family's)")
-    p.add_argument("--max-tokens", type=int, default=48, help="tokens compared with transformers (48)")
-    p.add_argument("--vllm-kwargs", type=json.loads, default=None,
-                   help='engine options as JSON, e.g. \'{"max_model_len": 4096}\' (default: none)')
-    p.add_argument("--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)")
+    p.add_argument(
+        "--model",
+        default=os.environ.get("MODEL") or None,
+        help="hub id or local path (default: $MODEL)",
+    )
+    p.add_argument(
+        "--tool-parser", help="vLLM tool parser for the tool round trip (default: the family's)"
+    )
+    p.add_argument(
+        "--max-tokens", type=int, default=48, help="tokens compared with transformers (48)"
+    )
+    p.add_argument(
+        "--vllm-kwargs",
+        type=json.loads,
+        default=None,
+        help="engine options as JSON, e.g. '{\"max_model_len\": 4096}' (default: none)",
+    )
+    p.add_argument(
+        "--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)"
+    )
     args = parser.parse_args(argv)
     if args.verbose:
         # The engine keeps vLLM at ERROR unless this is set (vllm_inline/engine/seam/vllm_quiet.py).
@@ -209,8 +229,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return demo(args.model) if args.command == "demo" else chat(args.model)
 
 
-def check(model: str | None, vllm_kwargs: dict[str, Any] | None, tool_parser: str | None,
-          max_tokens: int) -> int:
+def check(
+    model: str | None, vllm_kwargs: dict[str, Any] | None, tool_parser: str | None, max_tokens: int
+) -> int:
     """Run :func:`vllm_inline.check.run_check`, print its table; 0 when no row failed."""
     if not model:
         print("check needs --model PATH_OR_ID (or MODEL=...)", file=sys.stderr)
@@ -219,8 +240,9 @@ def check(model: str | None, vllm_kwargs: dict[str, Any] | None, tool_parser: st
     from .engine import shutdown_all
 
     with Spinner(f"Checking {model} (starts vLLM, then loads it with transformers)"):
-        report = run_check(model, vllm_kwargs=vllm_kwargs, tool_parser=tool_parser,
-                           max_tokens=max_tokens)
+        report = run_check(
+            model, vllm_kwargs=vllm_kwargs, tool_parser=tool_parser, max_tokens=max_tokens
+        )
     print(report.render(), flush=True)
     shutdown_all()
     return 0 if report.passed else 1

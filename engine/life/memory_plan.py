@@ -275,7 +275,9 @@ def _user_utilization(e: EngineNeeds) -> float:
 
 
 def check_alone_start(
-    model: str, user_kwargs: Mapping[str, Any], facts: MachineFacts,
+    model: str,
+    user_kwargs: Mapping[str, Any],
+    facts: MachineFacts,
     running: Sequence[tuple[str, Mapping[str, Any]]],
 ) -> None:
     """Refuse a GPU engine started alone, with no memory option, while an engine of this
@@ -293,6 +295,8 @@ def check_alone_start(
                 "second.engine) plans their memory; or pass gpu_memory_utilization to each "
                 "(adding up to less than 1).",
                 option="gpu_memory_utilization",
-                requested_bytes=math.ceil(VLLM_DEFAULT_UTILIZATION * (facts.total_memory_bytes or 0)),
+                requested_bytes=math.ceil(
+                    VLLM_DEFAULT_UTILIZATION * (facts.total_memory_bytes or 0)
+                ),
                 free_bytes=int(facts.free_memory_bytes or 0),
             )

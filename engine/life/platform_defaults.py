@@ -146,7 +146,7 @@ def _dtype(user: Mapping[str, Any], facts: MachineFacts) -> Choice | None:
     if user.get("dtype") is not None:
         return None  # even "auto": the user asked for the checkpoint's dtype
     if cpu_supports_bf16(facts.cpu_flags):
-        flag = sorted(facts.cpu_flags & BF16_FLAGS)[0]
+        flag = min(facts.cpu_flags & BF16_FLAGS)
         return Choice("dtype", "bfloat16", f"the CPU has {flag}: half the memory of float32")
     reason = "this CPU lacks avx512_bf16/amx_bf16: bfloat16 would kill the worker with SIGILL"
     return Choice("dtype", "float32", reason)
@@ -315,8 +315,11 @@ def _check_layout(user: Mapping[str, Any], facts: MachineFacts) -> None:
     local_dp = int(user.get("data_parallel_size_local") or _size(user, "data_parallel_size"))
     cpus = len(facts.allowed_cpus)
     if ranks * local_dp > cpus:
-        sizes = {"tensor_parallel_size": tp, "pipeline_parallel_size": pp,
-                 "data_parallel_size": local_dp}
+        sizes = {
+            "tensor_parallel_size": tp,
+            "pipeline_parallel_size": pp,
+            "data_parallel_size": local_dp,
+        }
         option = max(sizes, key=sizes.__getitem__)  # the largest: lowering it helps most
         raise ParallelLayoutError(
             f"tensor_parallel_size={tp} x pipeline_parallel_size={pp} x data_parallel_size "

@@ -171,8 +171,10 @@ class Runtime:
 
         try:
             self.loop.submit(close()).result(timeout=30)
-        except Exception:  # noqa: BLE001 - a dead engine still has to let go of its thread
-            logger.warning("vllm-inline: engine %s did not shut down cleanly", self.model, exc_info=True)
+        except Exception:
+            logger.warning(
+                "vllm-inline: engine %s did not shut down cleanly", self.model, exc_info=True
+            )
         self.loop.stop()
         self.llm = None
         gc.collect()  # run AsyncLLM.__del__ now, while the interpreter is whole
@@ -263,7 +265,10 @@ def start_runtime(
     )
     logger.info(
         "vllm-inline engine started: model=%s template=%s stop_ids=%s (%s) chosen: %s",
-        model, template.source, list(policy.stop_token_ids), ", ".join(policy.stop_tokens),
+        model,
+        template.source,
+        list(policy.stop_token_ids),
+        ", ".join(policy.stop_tokens),
         defaults.summary(),
     )
     return runtime
@@ -280,13 +285,13 @@ def _preflight(model: str, vllm_kwargs: Mapping[str, Any]) -> None:
                 "or a hub id such as 'Qwen/Qwen3-0.6B'."
             )
         return
-    if os.path.isdir(path) and "tokenizer" not in vllm_kwargs:
-        if not any(os.path.exists(os.path.join(path, f)) for f in _TOKENIZER_FILES):
-            raise ModelLoadError(
-                f"Model directory {model!r} has no tokenizer (none of "
-                f"{', '.join(_TOKENIZER_FILES)}). Save the tokenizer next to the weights or "
-                "pass vllm_kwargs={'tokenizer': '<path or hub id>'}."
-            )
+    has_tokenizer = any(os.path.exists(os.path.join(path, f)) for f in _TOKENIZER_FILES)
+    if os.path.isdir(path) and "tokenizer" not in vllm_kwargs and not has_tokenizer:
+        raise ModelLoadError(
+            f"Model directory {model!r} has no tokenizer (none of "
+            f"{', '.join(_TOKENIZER_FILES)}). Save the tokenizer next to the weights or "
+            "pass vllm_kwargs={'tokenizer': '<path or hub id>'}."
+        )
 
 
 async def _build(

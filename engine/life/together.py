@@ -113,16 +113,21 @@ def _plan(engines: Sequence[E]) -> dict[int, tuple[Choice, ...]]:
         from vllm_inline.engine.seam import vllm_platform
 
         measure = vllm_platform.measure_facts
-        needs = [EngineNeeds(e.model, e.vllm_kwargs, MachineFacts(**measure(e.model, e.vllm_kwargs)))
-                 for e in engines]
+        needs = [
+            EngineNeeds(e.model, e.vllm_kwargs, MachineFacts(**measure(e.model, e.vllm_kwargs)))
+            for e in engines
+        ]
         plan = plan_memory(needs)
     except BaseException:
         vllm_processes.stop_when_idle()  # nothing will start: no server left waiting
         raise
     for engine, choices in zip(engines, plan):
         if choices:
-            logger.info("vllm-inline memory plan for %s: %s", engine.model, "; ".join(
-                f"{c.name}={c.value} ({c.reason})" for c in choices))
+            logger.info(
+                "vllm-inline memory plan for %s: %s",
+                engine.model,
+                "; ".join(f"{c.name}={c.value} ({c.reason})" for c in choices),
+            )
     return {id(engine): choices for engine, choices in zip(engines, plan)}
 
 

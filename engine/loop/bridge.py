@@ -196,7 +196,7 @@ class _Handoff:
     into deltas for the other streams.
     """
 
-    __slots__ = ("__weakref__", "_caller", "_engine", "_pending", "_armed")
+    __slots__ = ("__weakref__", "_armed", "_caller", "_engine", "_pending")
 
     def __init__(
         self, engine: asyncio.AbstractEventLoop, caller: asyncio.AbstractEventLoop | None
@@ -309,8 +309,7 @@ def iter_on(
             if coalesce is not None and not items.empty() and _plain(item):
                 taken, (*earlier, item) = _coalesced(item, items.get_nowait, items.empty, coalesce)
                 window.took(taken)
-                for plain in earlier:
-                    yield plain
+                yield from earlier
             else:
                 window.took(1)
             if item is _DONE:

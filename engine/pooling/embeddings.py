@@ -106,9 +106,7 @@ async def embed(
         return await _encode_all(llm, inputs, params, limit)
 
 
-async def _render(
-    runtime: Runtime, batch: list[str], start: int, truncate: bool
-) -> list[Any]:
+async def _render(runtime: Runtime, batch: list[str], start: int, truncate: bool) -> list[Any]:
     """Engine inputs for ``batch`` (``texts[start:]``); over-long or empty texts are named."""
     from vllm_inline.engine.seam import vllm_pooling
 
@@ -147,9 +145,7 @@ async def _render(
     return inputs
 
 
-async def _encode_all(
-    llm: Any, inputs: list[Any], params: Any, limit: int
-) -> list[list[float]]:
+async def _encode_all(llm: Any, inputs: list[Any], params: Any, limit: int) -> list[list[float]]:
     """Submit every input at once (at most ``limit`` in flight); results in input order."""
     from vllm_inline.engine.seam import vllm_pooling
 

@@ -38,9 +38,7 @@ from vllm_inline.engine.errors import (
 )
 from vllm_inline.engine.life.runtime import Runtime
 
-__all__ = [
-    "DEFAULT_BATCH_SIZE", "check_score_options", "check_top_n", "score", "validate_pairs"
-]
+__all__ = ["DEFAULT_BATCH_SIZE", "check_score_options", "check_top_n", "score", "validate_pairs"]
 
 DEFAULT_BATCH_SIZE = 64
 """Pairs rendered per batch; ``4 *`` this many requests are in flight at most."""

@@ -89,10 +89,12 @@ def _decode_image(data: bytes, where: str, shown: Any) -> Any:
     try:
         image = Image.open(io.BytesIO(data))
         image.load()  # a truncated or corrupt file fails here, not inside the engine
-    except Exception as e:  # noqa: BLE001 - Pillow raises many kinds (OSError, SyntaxError...)
+    except Exception as e:
         raise BadRequestError.invalid(
-            where, shown, f"the bytes are not a readable image ({type(e).__name__}: {e}); send "
-            f"PNG, JPEG, GIF, WebP or BMP data"
+            where,
+            shown,
+            f"the bytes are not a readable image ({type(e).__name__}: {e}); send "
+            f"PNG, JPEG, GIF, WebP or BMP data",
         ) from e
     return image
 
@@ -107,8 +109,10 @@ def _from_data_url(url: str, where: str) -> Any:
     mime = media_type.partition(";")[0].strip().lower()
     if mime not in IMAGE_MIME_TYPES:
         raise BadRequestError.invalid(
-            where, url, f"MIME type {mime or '(none)'!r} is not a supported image type; "
-            f"use one of {', '.join(IMAGE_MIME_TYPES)} (PDF, audio and video are not supported)"
+            where,
+            url,
+            f"MIME type {mime or '(none)'!r} is not a supported image type; "
+            f"use one of {', '.join(IMAGE_MIME_TYPES)} (PDF, audio and video are not supported)",
         )
     try:
         raw = base64.b64decode(data, validate=True)
@@ -131,8 +135,10 @@ def _from_url(url: str, where: str) -> tuple[dict[str, Any], ImageRef]:
         path = os.path.expanduser(url)
     else:
         raise BadRequestError.invalid(
-            where, url, "an image URL must be a data: URL, a file:// URL or local path, or an "
-            "http(s) URL of a domain in allowed_media_domains"
+            where,
+            url,
+            "an image URL must be a data: URL, a file:// URL or local path, or an "
+            "http(s) URL of a domain in allowed_media_domains",
         )
     if not os.path.isabs(path):
         raise BadRequestError.invalid(where, url, "a local image path must be absolute")
@@ -166,9 +172,11 @@ def normalize_image_part(part: Any, where: str) -> tuple[dict[str, Any], ImageRe
     ):
         return normalize_image_part(value, where)
     raise BadRequestError.invalid(
-        where, part, f"an image part of type {kind!r} needs its image: "
+        where,
+        part,
+        f"an image part of type {kind!r} needs its image: "
         "{'type': 'image_url', 'image_url': {'url': 'data:image/png;base64,...'}}, raw bytes or "
-        "a PIL image"
+        "a PIL image",
     )
 
 
@@ -178,12 +186,15 @@ def check_images(refs: Sequence[ImageRef], policy: MediaPolicy, model: str) -> N
         return
     if not policy.multimodal:
         raise BadRequestError.invalid(
-            refs[0].where, "<image>", f"{model!r} is a text-only model and cannot take images; "
-            "send text only, or use a vision-language model (see docs/multimodal.md)"
+            refs[0].where,
+            "<image>",
+            f"{model!r} is a text-only model and cannot take images; "
+            "send text only, or use a vision-language model (see docs/multimodal.md)",
         )
     if len(refs) > policy.image_limit:
         raise BadRequestError.invalid(
-            refs[policy.image_limit].where, "<image>",
+            refs[policy.image_limit].where,
+            "<image>",
             f"this request has {len(refs)} images but the engine takes at most "
             f"{policy.image_limit} per prompt; send fewer, or start the engine with "
             f"vllm_kwargs={{'limit_mm_per_prompt': {{'image': {len(refs)}}}}}",
@@ -201,12 +212,14 @@ def check_sources(
             host = urlparse(ref.location or "").hostname or ""
             if host not in allowed_media_domains:
                 raise BadRequestError.invalid(
-                    ref.where, ref.location, "remote image URLs are refused: the engine would "
+                    ref.where,
+                    ref.location,
+                    "remote image URLs are refused: the engine would "
                     "have to download the image (there may be no network, and a slow server "
                     "would stall the request). Send the image inline (a base64 data URL, bytes "
                     "or a PIL image), or allow the domain with vllm_kwargs="
                     "{'allowed_media_domains': [...]} (vLLM then fetches it, with its own "
-                    "timeout and retries: see docs/multimodal.md)"
+                    "timeout and retries: see docs/multimodal.md)",
                 )
         elif ref.source == "file":
             _check_local(ref, allowed_local_media_path)
@@ -216,14 +229,18 @@ def _check_local(ref: ImageRef, allowed: str) -> None:
     path = ref.location or ""
     if not allowed:
         raise BadRequestError.invalid(
-            ref.where, path, "local image files are refused unless the engine allows a "
-            "directory: start it with vllm_kwargs={'allowed_local_media_path': '/dir'}"
+            ref.where,
+            path,
+            "local image files are refused unless the engine allows a "
+            "directory: start it with vllm_kwargs={'allowed_local_media_path': '/dir'}",
         )
     root = os.path.realpath(allowed)
     if os.path.commonpath([root, path]) != root:
         raise BadRequestError.invalid(
-            ref.where, path, f"the file is outside allowed_local_media_path {root!r}; move it "
-            "there or send the image inline"
+            ref.where,
+            path,
+            f"the file is outside allowed_local_media_path {root!r}; move it "
+            "there or send the image inline",
         )
     if not os.path.isfile(path):
         raise BadRequestError.invalid(ref.where, path, "no such file")

@@ -125,7 +125,7 @@ async def lora_request(runtime: Runtime, adapter: Adapter | None) -> Any:
             return None
         try:
             await vllm_lora.add_lora(llm, base)
-        except Exception:  # noqa: BLE001 - an unusual model: fall back to vLLM's own path
+        except Exception:
             logger.warning(
                 "vllm-inline: the base model's empty LoRA adapter does not load on this "
                 "model; on the CPU, base-model requests batched with adapter requests may "
@@ -190,5 +190,5 @@ def _split(lora: Any) -> tuple[str, str | None]:
 def _worker_message(e: BaseException) -> str:
     """The worker's own words out of vLLM's 'Call to add_lora method failed: ...' wrapper."""
     text = str(e)
-    found = re.search(r"Worker failed with error '(.*)', please check", text, re.S)
+    found = re.search(r"Worker failed with error '(.*)', please check", text, re.DOTALL)
     return found.group(1) if found else text

@@ -47,7 +47,8 @@ def _content_of(content: Any, where: str, role: str, images: list[ImageRef]) -> 
             if is_image_part(part):
                 if role not in _IMAGE_ROLES:
                     raise BadRequestError.invalid(
-                        f"{where}[{j}]", "<image>",
+                        f"{where}[{j}]",
+                        "<image>",
                         f"a {role!r} message cannot hold an image; put images in user (or tool) "
                         "messages",
                     )
@@ -117,7 +118,9 @@ def validate_messages(
             "messages", messages, "a list of {'role': ..., 'content': ...} mappings"
         )
     if not messages:
-        raise BadRequestError("messages is empty: send at least one message.", parameter="messages", value=messages)
+        raise BadRequestError(
+            "messages is empty: send at least one message.", parameter="messages", value=messages
+        )
     clean = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
@@ -125,7 +128,9 @@ def validate_messages(
             raise BadRequestError.invalid(where, message, "a mapping with 'role' and 'content'")
         role = message.get("role")
         if role is None:
-            raise BadRequestError(f"{where} has no 'role'; use one of {ROLES}.", parameter=f"{where}.role", value=None)
+            raise BadRequestError(
+                f"{where} has no 'role'; use one of {ROLES}.", parameter=f"{where}.role", value=None
+            )
         if role not in ROLES:
             raise BadRequestError.invalid(f"{where}.role", role, f"one of {ROLES}")
         out: dict[str, Any] = {"role": role}
@@ -134,15 +139,19 @@ def validate_messages(
         if content is None:
             if not tool_calls:
                 raise BadRequestError.invalid(
-                    f"{where}.content", None, f"content of a {role!r} message cannot be None"
-                    + (" unless it has tool_calls" if role == "assistant" else "")
+                    f"{where}.content",
+                    None,
+                    f"content of a {role!r} message cannot be None"
+                    + (" unless it has tool_calls" if role == "assistant" else ""),
                 )
             out["content"] = ""
         else:
             out["content"] = _content_of(content, f"{where}.content", role, images)
         if tool_calls:
             if not isinstance(tool_calls, Sequence) or isinstance(tool_calls, str):
-                raise BadRequestError.invalid(f"{where}.tool_calls", tool_calls, "a list of tool calls")
+                raise BadRequestError.invalid(
+                    f"{where}.tool_calls", tool_calls, "a list of tool calls"
+                )
             out["tool_calls"] = [
                 _check_tool_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(tool_calls)
             ]
@@ -150,7 +159,8 @@ def validate_messages(
             call_id = message.get("tool_call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise BadRequestError.invalid(
-                    f"{where}.tool_call_id", call_id,
+                    f"{where}.tool_call_id",
+                    call_id,
                     "a tool message needs the id of the call it answers (tool_call_id)",
                 )
             out["tool_call_id"] = call_id
@@ -171,7 +181,11 @@ def validate_tools(tools: Any) -> list[dict[str, Any]] | None:
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         function = tool.get("function") if isinstance(tool, Mapping) else None
-        if not isinstance(tool, Mapping) or tool.get("type", "function") != "function" or not isinstance(function, Mapping):
+        if (
+            not isinstance(tool, Mapping)
+            or tool.get("type", "function") != "function"
+            or not isinstance(function, Mapping)
+        ):
             raise BadRequestError.invalid(
                 where, tool, "{'type': 'function', 'function': {'name': ..., 'parameters': {...}}}"
             )
@@ -198,7 +212,9 @@ def validate_tool_choice(tool_choice: Any, tools: list[dict[str, Any]] | None) -
     given = tool_choice
     if isinstance(tool_choice, Mapping):
         function = tool_choice.get("function")
-        tool_choice = function.get("name") if isinstance(function, Mapping) else tool_choice.get("name")
+        tool_choice = (
+            function.get("name") if isinstance(function, Mapping) else tool_choice.get("name")
+        )
     if tool_choice is True or tool_choice == "any":
         tool_choice = "required"
     elif tool_choice is False:
@@ -213,4 +229,6 @@ def validate_tool_choice(tool_choice: Any, tools: list[dict[str, Any]] | None) -
         raise BadRequestError.invalid("tool_choice", given, "tool_choice needs tools")
     if tool_choice == "required" or tool_choice in names:
         return tool_choice
-    raise BadRequestError.invalid("tool_choice", given, f"names an unknown tool; known tools: {names}")
+    raise BadRequestError.invalid(
+        "tool_choice", given, f"names an unknown tool; known tools: {names}"
+    )

@@ -109,8 +109,10 @@ def build_request(
         priority = 0
     elif isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
         raise BadRequestError.invalid(
-            "priority", priority, "an integer (lower runs first; the engine needs "
-            "vllm_kwargs={'scheduling_policy': 'priority'})"
+            "priority",
+            priority,
+            "an integer (lower runs first; the engine needs "
+            "vllm_kwargs={'scheduling_policy': 'priority'})",
         )
     timeout = options.pop("timeout", None)
     if timeout is not None and (

@@ -40,7 +40,9 @@ def layer_sampling(*layers: Mapping[str, Any] | None) -> dict[str, Any]:
     return merged
 
 
-def _number(name: str, value: Any, lo: float | None, hi: float | None, *, lo_open: bool = False) -> None:
+def _number(
+    name: str, value: Any, lo: float | None, hi: float | None, *, lo_open: bool = False
+) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise BadRequestError.invalid(name, value, "a finite number")
     too_low = lo is not None and (value <= lo if lo_open else value < lo)
@@ -60,11 +62,15 @@ def _integer(name: str, value: Any, lo: int) -> None:
 def _stop(value: Any) -> list[str]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) and s for s in items):
-        raise BadRequestError.invalid("stop", value, "a non-empty string or a list of non-empty strings")
+        raise BadRequestError.invalid(
+            "stop", value, "a non-empty string or a list of non-empty strings"
+        )
     return list(items)
 
 
-def check_sampling(values: Mapping[str, Any], *, max_model_len: int | None = None) -> dict[str, Any]:
+def check_sampling(
+    values: Mapping[str, Any], *, max_model_len: int | None = None
+) -> dict[str, Any]:
     """Check the values vllm-inline knows and return them normalised (``stop`` as a list)."""
     out = dict(values)
     checks = {
@@ -93,7 +99,8 @@ def check_sampling(values: Mapping[str, Any], *, max_model_len: int | None = Non
             _integer("logprobs", logprobs, 0)
     if max_model_len is not None and out.get("max_tokens", 0) > max_model_len:
         raise BadRequestError.invalid(
-            "max_tokens", out["max_tokens"],
+            "max_tokens",
+            out["max_tokens"],
             f"larger than the model's context window ({max_model_len} tokens)",
         )
     return out

@@ -34,26 +34,67 @@ class Use:
         return f"{'|'.join(self.modules)}:{self.name}"
 
 
-def _u(module: str, name: str, *, keywords: tuple[str, ...] = (), members: tuple[str, ...] = ()) -> Use:
+def _u(
+    module: str, name: str, *, keywords: tuple[str, ...] = (), members: tuple[str, ...] = ()
+) -> Use:
     return Use(tuple(module.split("|")), name, keywords, members)
 
 
 CONTRACT: tuple[Use, ...] = (
     # engine/seam/vllm_engine.py: start, render, sampling, errors; engine/seam/vllm_lora.py:
     # LoRARequest
-    _u("vllm", "AsyncEngineArgs", keywords=(
-        "model", "dtype", "max_model_len", "enforce_eager", "gpu_memory_utilization",
-        "kv_cache_memory_bytes", "disable_log_stats", "structured_outputs_config", "enable_lora",
-        "max_loras", "max_cpu_loras", "max_lora_rank", "tensor_parallel_size",
-        "pipeline_parallel_size", "data_parallel_size", "runner", "allowed_local_media_path",
-        "allowed_media_domains", "limit_mm_per_prompt", "seed",
-    ), members=("create_model_config",)),
-    _u("vllm", "SamplingParams", keywords=(
-        "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-        "presence_penalty", "frequency_penalty", "stop", "stop_token_ids", "ignore_eos",
-        "skip_special_tokens", "logprobs", "n", "seed", "min_tokens",
-        "include_stop_str_in_output", "structured_outputs", "output_kind",
-    )),
+    _u(
+        "vllm",
+        "AsyncEngineArgs",
+        keywords=(
+            "model",
+            "dtype",
+            "max_model_len",
+            "enforce_eager",
+            "gpu_memory_utilization",
+            "kv_cache_memory_bytes",
+            "disable_log_stats",
+            "structured_outputs_config",
+            "enable_lora",
+            "max_loras",
+            "max_cpu_loras",
+            "max_lora_rank",
+            "tensor_parallel_size",
+            "pipeline_parallel_size",
+            "data_parallel_size",
+            "runner",
+            "allowed_local_media_path",
+            "allowed_media_domains",
+            "limit_mm_per_prompt",
+            "seed",
+        ),
+        members=("create_model_config",),
+    ),
+    _u(
+        "vllm",
+        "SamplingParams",
+        keywords=(
+            "max_tokens",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+            "stop",
+            "stop_token_ids",
+            "ignore_eos",
+            "skip_special_tokens",
+            "logprobs",
+            "n",
+            "seed",
+            "min_tokens",
+            "include_stop_str_in_output",
+            "structured_outputs",
+            "output_kind",
+        ),
+    ),
     _u("vllm", "envs"),
     _u("vllm", "PoolingParams", keywords=("task", "use_activation")),
     _u("vllm.config", "StructuredOutputsConfig", keywords=("backend", "disable_any_whitespace")),
@@ -67,12 +108,22 @@ CONTRACT: tuple[Use, ...] = (
     _u("vllm.envs", "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"),
     # engine/seam/vllm_boot.py names these as strings too: the shared-memory queues whose names the
     # engine's processes unlink once every reader has attached
-    _u("vllm.distributed.device_communicators.shm_broadcast", "MessageQueue", members=(
-        "wait_until_ready", "buffer",
-    )),
-    _u("vllm.distributed.device_communicators.shm_broadcast", "ShmRingBuffer", members=(
-        "is_creator", "shared_memory",
-    )),
+    _u(
+        "vllm.distributed.device_communicators.shm_broadcast",
+        "MessageQueue",
+        members=(
+            "wait_until_ready",
+            "buffer",
+        ),
+    ),
+    _u(
+        "vllm.distributed.device_communicators.shm_broadcast",
+        "ShmRingBuffer",
+        members=(
+            "is_creator",
+            "shared_memory",
+        ),
+    ),
     # ... and the variable a CPU engine core forks its workers through, and the manager whose
     # OpenMP variables (OMP_PLACES, KMP_AFFINITY, GOMP_CPU_AFFINITY) a forked worker applies
     _u("vllm.envs", "VLLM_WORKER_MULTIPROC_METHOD"),
@@ -85,69 +136,171 @@ CONTRACT: tuple[Use, ...] = (
     _u("vllm.renderers.inputs.preprocess", "parse_model_prompt"),
     _u("vllm.renderers.params", "ChatParams", keywords=("chat_template", "chat_template_kwargs")),
     _u("vllm.sampling_params", "RequestOutputKind", members=("DELTA", "FINAL_ONLY")),
-    _u("vllm.sampling_params", "StructuredOutputsParams", keywords=(
-        "json", "regex", "choice", "grammar", "json_object", "structural_tag",
-    )),
+    _u(
+        "vllm.sampling_params",
+        "StructuredOutputsParams",
+        keywords=(
+            "json",
+            "regex",
+            "choice",
+            "grammar",
+            "json_object",
+            "structural_tag",
+        ),
+    ),
     _u("vllm.utils.gc_utils", "freeze_gc_heap"),
-    _u("vllm.v1.engine.async_llm", "AsyncLLM", members=(
-        "from_engine_args", "generate", "encode", "abort", "shutdown", "add_lora",
-        "get_tokenizer", "get_supported_tasks", "renderer", "model_config", "vllm_config",
-        "errored",
-    )),
+    _u(
+        "vllm.v1.engine.async_llm",
+        "AsyncLLM",
+        members=(
+            "from_engine_args",
+            "generate",
+            "encode",
+            "abort",
+            "shutdown",
+            "add_lora",
+            "get_tokenizer",
+            "get_supported_tasks",
+            "renderer",
+            "model_config",
+            "vllm_config",
+            "errored",
+        ),
+    ),
     _u("vllm.v1.engine.async_llm", "AsyncLLM.from_engine_args", keywords=("stat_loggers",)),
-    _u("vllm.v1.engine.async_llm", "AsyncLLM.generate", keywords=(
-        "prompt", "sampling_params", "request_id", "lora_request", "priority",
-    )),
+    _u(
+        "vllm.v1.engine.async_llm",
+        "AsyncLLM.generate",
+        keywords=(
+            "prompt",
+            "sampling_params",
+            "request_id",
+            "lora_request",
+            "priority",
+        ),
+    ),
     _u("vllm.v1.engine.exceptions", "EngineDeadError"),
     _u("vllm.v1.engine.exceptions", "EngineGenerateError"),
-    _u("vllm.renderers.base", "BaseRenderer", members=(
-        "render_chat", "render_chat_async", "render_cmpl_async", "default_chat_tok_params",
-        "default_cmpl_tok_params",
-    )),
-    _u("vllm.config.model", "ModelConfig", members=(
-        "get_diff_sampling_param", "runner_type", "multimodal_config", "is_multimodal_model",
-        "allowed_local_media_path", "allowed_media_domains", "hf_config", "get_pooling_task",
-        "max_model_len",
-    )),
+    _u(
+        "vllm.renderers.base",
+        "BaseRenderer",
+        members=(
+            "render_chat",
+            "render_chat_async",
+            "render_cmpl_async",
+            "default_chat_tok_params",
+            "default_cmpl_tok_params",
+        ),
+    ),
+    _u(
+        "vllm.config.model",
+        "ModelConfig",
+        members=(
+            "get_diff_sampling_param",
+            "runner_type",
+            "multimodal_config",
+            "is_multimodal_model",
+            "allowed_local_media_path",
+            "allowed_media_domains",
+            "hf_config",
+            "get_pooling_task",
+            "max_model_len",
+        ),
+    ),
     # engine/seam/vllm_platform.py: the machine's facts
     _u("vllm.utils.cpu_resource_utils", "get_memory_node_info"),
     _u("vllm.utils.cpu_resource_utils", "get_visible_memory_node"),
     _u("vllm.utils.import_utils", "import_pynvml"),
     # engine/seam/vllm_stats.py: stat loggers
-    _u("vllm.v1.metrics.loggers", "PrometheusStatLogger", members=(
-        "_gauge_cls", "_counter_cls", "_histogram_cls",
-    )),
+    _u(
+        "vllm.v1.metrics.loggers",
+        "PrometheusStatLogger",
+        members=(
+            "_gauge_cls",
+            "_counter_cls",
+            "_histogram_cls",
+        ),
+    ),
     _u("vllm.v1.metrics.loggers", "StatLoggerBase", members=("record", "log_engine_initialized")),
     # engine/seam/vllm_pooling.py: embeddings and scoring
-    _u("vllm.entrypoints.pooling.scoring.io_processor", "CrossEncoderIOProcessor", keywords=(
-        "vllm_config", "renderer", "chat_template_config",
-    ), members=("render_async",)),
-    _u("vllm.entrypoints.pooling.typing", "ScoringRenderParams", keywords=(
-        "data_1", "data_2", "chat_template", "max_tokens_per_query", "max_tokens_per_doc",
-        "tok_params", "prompt_extras", "skip_mm_cache", "params", "lora_requests", "priorities",
-    )),
+    _u(
+        "vllm.entrypoints.pooling.scoring.io_processor",
+        "CrossEncoderIOProcessor",
+        keywords=(
+            "vllm_config",
+            "renderer",
+            "chat_template_config",
+        ),
+        members=("render_async",),
+    ),
+    _u(
+        "vllm.entrypoints.pooling.typing",
+        "ScoringRenderParams",
+        keywords=(
+            "data_1",
+            "data_2",
+            "chat_template",
+            "max_tokens_per_query",
+            "max_tokens_per_doc",
+            "tok_params",
+            "prompt_extras",
+            "skip_mm_cache",
+            "params",
+            "lora_requests",
+            "priorities",
+        ),
+    ),
     _u("vllm.entrypoints.pooling.utils", "enable_scoring_api"),
     _u("vllm.outputs", "ScoringRequestOutput", members=("from_base",)),
     _u("vllm.renderers.chat_utils|vllm.entrypoints.chat_utils", "ChatTemplateConfig"),
     _u("vllm.tasks", "SCORE_TYPE_MAP"),
     # engine/seam/vllm_parsing.py: vLLM's tool and reasoning parsers
     _u("vllm.parser", "ParserManager", members=("get_parser",)),
-    _u("vllm.parser", "ParserManager.get_parser", keywords=(
-        "tool_parser_name", "reasoning_parser_name", "enable_auto_tools", "model_name",
-    )),
-    _u("vllm.parser.abstract_parser", "Parser", members=(
-        "parse", "parse_delta", "adjust_request",
-    )),
-    _u("vllm.parser.abstract_parser", "Parser.parse", keywords=(
-        "request", "enable_auto_tools", "model_output_token_ids",
-    )),
+    _u(
+        "vllm.parser",
+        "ParserManager.get_parser",
+        keywords=(
+            "tool_parser_name",
+            "reasoning_parser_name",
+            "enable_auto_tools",
+            "model_name",
+        ),
+    ),
+    _u(
+        "vllm.parser.abstract_parser",
+        "Parser",
+        members=(
+            "parse",
+            "parse_delta",
+            "adjust_request",
+        ),
+    ),
+    _u(
+        "vllm.parser.abstract_parser",
+        "Parser.parse",
+        keywords=(
+            "request",
+            "enable_auto_tools",
+            "model_output_token_ids",
+        ),
+    ),
     _u("vllm.parser.abstract_parser", "Parser.parse_delta", keywords=("finished",)),
     _u("vllm.tool_parsers", "ToolParserManager"),
     _u("vllm.reasoning", "ReasoningParserManager"),
     _u("vllm.renderers.chat_utils|vllm.entrypoints.chat_utils", "make_tool_call_id"),
-    _u("vllm.entrypoints.openai.chat_completion.protocol", "ChatCompletionRequest", keywords=(
-        "model", "messages", "tools", "tool_choice", "chat_template_kwargs",
-        "include_reasoning", "stream",
-    ), members=("skip_special_tokens", "structured_outputs", "include_reasoning", "tools")),
+    _u(
+        "vllm.entrypoints.openai.chat_completion.protocol",
+        "ChatCompletionRequest",
+        keywords=(
+            "model",
+            "messages",
+            "tools",
+            "tool_choice",
+            "chat_template_kwargs",
+            "include_reasoning",
+            "stream",
+        ),
+        members=("skip_special_tokens", "structured_outputs", "include_reasoning", "tools"),
+    ),
 )
 """Every vLLM name the package uses (engine/seam/), with what it passes and reads."""

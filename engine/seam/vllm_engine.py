@@ -149,7 +149,9 @@ def _warn_if_unsupported() -> None:
     logging.getLogger("vllm_inline").warning(
         "vllm-inline: %s %s is outside the vLLM releases vllm-inline is tested or checked on "
         "(%s; docs/compatibility.md). It may work; if something breaks, install a release in "
-        "that range.", *found, range_text(),
+        "that range.",
+        *found,
+        range_text(),
     )
 
 
@@ -272,7 +274,9 @@ def _as_bad_request(e: Exception) -> BadRequestError:
     value = getattr(e, "value", None)
     message = str(e)
     lowered = message.lower()
-    if any(word in lowered for word in ("grammar", "structured output", "json schema", "json_schema")):
+    if any(
+        word in lowered for word in ("grammar", "structured output", "json schema", "json_schema")
+    ):
         parameter = "structured_outputs"
     if "maximum context length" in message or parameter in ("input_tokens", "input_text"):
         return ContextLengthExceededError(

@@ -7,7 +7,7 @@ by the pure :func:`vllm_inline.engine.life.platform_defaults.choose_engine_kwarg
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from vllm import AsyncEngineArgs

@@ -38,8 +38,12 @@ from typing import Any
 from vllm_inline.engine.seam import vllm_boot
 
 __all__ = [
-    "EngineCoreProcess", "engine_cores_forked", "remote_peer_deadline", "spawn_environment",
-    "stop_when_idle", "warm_up",
+    "EngineCoreProcess",
+    "engine_cores_forked",
+    "remote_peer_deadline",
+    "spawn_environment",
+    "stop_when_idle",
+    "warm_up",
 ]
 
 PRELOAD = [
@@ -166,7 +170,8 @@ class EngineCoreProcess(mp_process.BaseProcess):
         # The server's "alive" pipe: held here, it would keep the server up after this
         # process's parent is gone.
         alive, forkserver._forkserver._forkserver_alive_fd = (
-            forkserver._forkserver._forkserver_alive_fd, None
+            forkserver._forkserver._forkserver_alive_fd,
+            None,
         )
         if alive is not None:
             os.close(alive)

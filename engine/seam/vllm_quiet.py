@@ -54,6 +54,7 @@ is INFO, for its server)."""
 _QUIET_LEVELS = frozenset({"ERROR", "CRITICAL"})
 _REDUCE_OP_WARNING = "`torch.distributed.reduce_op` is deprecated"
 
+
 def level() -> str:
     """The level vLLM's logs run at in the engine's processes."""
     return (os.environ.get("VLLM_LOGGING_LEVEL") or DEFAULT_LEVEL).upper()

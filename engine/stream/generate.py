@@ -120,7 +120,9 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
                         reasoning=reasoning,
                         tool_calls=tool_calls,
                         token_ids=tuple(ids),
-                        logprobs=_logprobs(c.logprobs, c.token_ids) if c.logprobs is not None else None,
+                        logprobs=_logprobs(c.logprobs, c.token_ids)
+                        if c.logprobs is not None
+                        else None,
                         index=c.index,
                         finish_reason=finish,
                         stop_reason=c.stop_reason,
@@ -144,7 +146,10 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
                 )
             engine_input = await render(runtime, request)
 
-def _logprobs(steps: Sequence[Mapping[int, Any]], token_ids: Sequence[int]) -> tuple[TokenLogprob, ...]:
+
+def _logprobs(
+    steps: Sequence[Mapping[int, Any]], token_ids: Sequence[int]
+) -> tuple[TokenLogprob, ...]:
     """vLLM's per-step ``{token_id: Logprob}`` dicts as :class:`TokenLogprob` objects."""
     out = []
     for token_id, step in zip(token_ids, steps):

@@ -109,17 +109,28 @@ class _VLLMParserFactory(ParserFactory):
         self._parser_cls = parser_cls
         self._tokenizer = tokenizer
         self._model_config = model_config
-        probe = parser_cls(tokenizer, request.tools, model_config=model_config,
-                           chat_template_kwargs=request.chat_template_kwargs or {})
+        probe = parser_cls(
+            tokenizer,
+            request.tools,
+            model_config=model_config,
+            chat_template_kwargs=request.chat_template_kwargs or {},
+        )
         self._request = probe.adjust_request(request)
         so = self._request.structured_outputs
         if so is not None and so.structural_tag:
             so.structural_tag = _tighten_structural_tag(so.structural_tag)
         if so is not None:
             self.structured_outputs = {
-                k: v for k, v in {"json": so.json, "regex": so.regex, "choice": so.choice,
-                                  "grammar": so.grammar, "structural_tag": so.structural_tag,
-                                  "json_object": so.json_object}.items() if v is not None
+                k: v
+                for k, v in {
+                    "json": so.json,
+                    "regex": so.regex,
+                    "choice": so.choice,
+                    "grammar": so.grammar,
+                    "structural_tag": so.structural_tag,
+                    "json_object": so.json_object,
+                }.items()
+                if v is not None
             }
         from vllm_inline.engine.seam.vllm_parsing import required_skip_special_tokens
 
@@ -127,7 +138,9 @@ class _VLLMParserFactory(ParserFactory):
 
     def __call__(self, prompt_token_ids: list[int]) -> OutputParser:
         parser = self._parser_cls(
-            self._tokenizer, self._request.tools, model_config=self._model_config,
+            self._tokenizer,
+            self._request.tools,
+            model_config=self._model_config,
             chat_template_kwargs=self._request.chat_template_kwargs or {},
         )
         return _VLLMOutputParser(parser, self._request, prompt_token_ids)

@@ -60,7 +60,12 @@ _SAMPLING_FIELDS = (
     "n",
 )
 _REQUEST_FIELDS = (
-    "chat_template", "chat_template_kwargs", "tool_parser", "reasoning_parser", "lora", "timeout",
+    "chat_template",
+    "chat_template_kwargs",
+    "tool_parser",
+    "reasoning_parser",
+    "lora",
+    "timeout",
     "priority",
 )
 

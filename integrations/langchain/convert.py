@@ -58,9 +58,11 @@ def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
         return convert_to_openai_image_block(block)
     except (ValueError, KeyError) as e:
         raise BadRequestError.invalid(
-            where, block, f"{e} Send {{'type': 'image', 'base64': ..., 'mime_type': "
+            where,
+            block,
+            f"{e} Send {{'type': 'image', 'base64': ..., 'mime_type': "
             "'image/png'}} or {'type': 'image', 'url': ...} (a data: URL or an allowed local "
-            "file; file_id is not supported)"
+            "file; file_id is not supported)",
         ) from e
 
 

@@ -56,7 +56,6 @@ class VLLMEmbeddings(BaseModel, Embeddings):
     batch_size: int = DEFAULT_BATCH_SIZE
     """Texts tokenized per batch; all of a call's texts are submitted concurrently. Default: 64."""
 
-
     def __init__(self, **data: Any) -> None:
         # Bad options fail here, with the engine's typed error, before anything starts.
         check_embed_options(
@@ -88,4 +87,8 @@ class VLLMEmbeddings(BaseModel, Embeddings):
         return (await self.engine.aembed([text], **self._options()))[0]
 
     def _options(self) -> dict[str, Any]:
-        return {"truncate": self.truncate, "normalize": self.normalize, "batch_size": self.batch_size}
+        return {
+            "truncate": self.truncate,
+            "normalize": self.normalize,
+            "batch_size": self.batch_size,
+        }

@@ -175,7 +175,9 @@ class VLLM(FunctionCallingLLM):
             configured = self.vllm_kwargs.get("max_model_len")
             if self.engine.started:
                 self._context_window = self.engine.max_model_len
-            elif isinstance(configured, int) and not isinstance(configured, bool) and configured > 0:
+            elif (
+                isinstance(configured, int) and not isinstance(configured, bool) and configured > 0
+            ):
                 self._context_window = configured
         return self._context_window
 
@@ -243,7 +245,9 @@ class VLLM(FunctionCallingLLM):
         fields = {k: getattr(self, k) for k in _SAMPLING_FIELDS}
         sampling = layer_sampling(fields, self.additional_kwargs, kwargs)
         if sampling.get("n", 1) != 1:
-            raise BadRequestError.invalid("n", sampling["n"], "VLLM returns one answer: n must be 1")
+            raise BadRequestError.invalid(
+                "n", sampling["n"], "VLLM returns one answer: n must be 1"
+            )
         request = layer_sampling(
             {
                 "chat_template": self.chat_template,
@@ -390,7 +394,9 @@ class VLLM(FunctionCallingLLM):
         message = response.message
         calls = [b for b in message.blocks if isinstance(b, ToolCallBlock)]
         if len(calls) > 1:
-            message.blocks = [b for b in message.blocks if not isinstance(b, ToolCallBlock)] + calls[:1]
+            message.blocks = [
+                b for b in message.blocks if not isinstance(b, ToolCallBlock)
+            ] + calls[:1]
             message.additional_kwargs["tool_calls"] = message.additional_kwargs["tool_calls"][:1]
         return response
 
@@ -410,11 +416,17 @@ class VLLM(FunctionCallingLLM):
     # -- structured outputs ----------------------------------------------------------------
 
     def _structured_request(
-        self, output_cls: type[BaseModel], prompt: PromptTemplate, llm_kwargs: dict[str, Any] | None,
+        self,
+        output_cls: type[BaseModel],
+        prompt: PromptTemplate,
+        llm_kwargs: dict[str, Any] | None,
         prompt_args: dict[str, Any],
     ) -> tuple[list[ChatMessage], dict[str, Any]]:
         messages = self._get_messages(prompt, **prompt_args)
-        kwargs = {**(llm_kwargs or {}), "structured_outputs": {"json": output_cls.model_json_schema()}}
+        kwargs = {
+            **(llm_kwargs or {}),
+            "structured_outputs": {"json": output_cls.model_json_schema()},
+        }
         return messages, kwargs
 
     @dispatcher.span
@@ -429,7 +441,9 @@ class VLLM(FunctionCallingLLM):
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
             return super().structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
         dispatcher.event(
-            LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args)
+            LLMStructuredPredictStartEvent(
+                output_cls=output_cls, template=prompt, template_args=prompt_args
+            )
         )
         messages, kwargs = self._structured_request(output_cls, prompt, llm_kwargs, prompt_args)
         result = parse_structured(output_cls, self.chat(messages, **kwargs))
@@ -448,7 +462,9 @@ class VLLM(FunctionCallingLLM):
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
             return await super().astructured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
         dispatcher.event(
-            LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args)
+            LLMStructuredPredictStartEvent(
+                output_cls=output_cls, template=prompt, template_args=prompt_args
+            )
         )
         messages, kwargs = self._structured_request(output_cls, prompt, llm_kwargs, prompt_args)
         result = parse_structured(output_cls, await self.achat(messages, **kwargs))
@@ -485,7 +501,9 @@ class VLLM(FunctionCallingLLM):
     ) -> Any:
         """Async form of :meth:`_structured_stream_call`."""
         if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
-            return await super()._structured_astream_call(output_cls, prompt, llm_kwargs, **prompt_args)
+            return await super()._structured_astream_call(
+                output_cls, prompt, llm_kwargs, **prompt_args
+            )
         messages, kwargs = self._structured_request(output_cls, prompt, llm_kwargs, prompt_args)
         responses = await self.astream_chat(messages, **kwargs)
 

@@ -55,7 +55,6 @@ class VLLMEmbedding(BaseEmbedding):
         description="Texts tokenized per engine batch (all submitted concurrently). Default: 64.",
     )
 
-
     def __init__(self, model: str | None = None, **data: Any) -> None:
         if model is not None:
             data["model"] = model
@@ -98,4 +97,8 @@ class VLLMEmbedding(BaseEmbedding):
         return await self.engine.aembed(texts, **self._options())
 
     def _options(self) -> dict[str, Any]:
-        return {"truncate": self.truncate, "normalize": self.normalize, "batch_size": self.batch_size}
+        return {
+            "truncate": self.truncate,
+            "normalize": self.normalize,
+            "batch_size": self.batch_size,
+        }

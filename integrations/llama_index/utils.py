@@ -159,7 +159,9 @@ def to_engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     audio, video and documents are refused with :class:`~vllm_inline.engine.BadRequestError`.
     """
     if not messages:
-        raise BadRequestError("messages is empty: send at least one message.", parameter="messages", value=[])
+        raise BadRequestError(
+            "messages is empty: send at least one message.", parameter="messages", value=[]
+        )
     return [_to_engine_message(m, i) for i, m in enumerate(messages)]
 
 
@@ -168,7 +170,8 @@ class MultimodalLLMMetadata(LLMMetadata):
     for it; multimodal input goes through ``ImageBlock``s in ``ChatMessage.blocks``)."""
 
     is_multimodal: bool = Field(
-        default=False, description="True when the model takes ImageBlocks (a vision-language model)."
+        default=False,
+        description="True when the model takes ImageBlocks (a vision-language model).",
     )
 
 
@@ -275,11 +278,17 @@ class ResponseBuilder:
         if self.calls:
             ordered = [self.calls[k] for k in sorted(self.calls)]
             blocks.extend(
-                ToolCallBlock(tool_call_id=c.id, tool_name=c.name, tool_kwargs=_kwargs_of(c.arguments))
+                ToolCallBlock(
+                    tool_call_id=c.id, tool_name=c.name, tool_kwargs=_kwargs_of(c.arguments)
+                )
                 for c in ordered
             )
             additional["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
                 for c in ordered
             ]
         return ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks, additional_kwargs=additional)
@@ -339,7 +348,9 @@ def tool_selections(blocks: Iterable[Any]) -> list[ToolSelection]:
 def _final(last: ChatResponse | None) -> ChatResponse:
     """The last cumulative response as the whole answer (no ``delta``)."""
     if last is None:
-        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, blocks=[TextBlock(text="")]))
+        return ChatResponse(
+            message=ChatMessage(role=MessageRole.ASSISTANT, blocks=[TextBlock(text="")])
+        )
     return last.model_copy(update={"delta": None})
 
 

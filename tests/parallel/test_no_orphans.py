@@ -79,8 +79,15 @@ vLLM's CPU communicator's named segments)."""
 
 
 def app_dies_leaving_nothing(
-    started: Started, tmp_path: Path, s: ScriptedModel, embedder: str, how: str, processes: int,
-    *, workers: str = "fork", named_shm: bool = False,
+    started: Started,
+    tmp_path: Path,
+    s: ScriptedModel,
+    embedder: str,
+    how: str,
+    processes: int,
+    *,
+    workers: str = "fork",
+    named_shm: bool = False,
 ) -> None:
     """Start :data:`APP` (``embedder`` "" for none; its engine cores start their workers by
     ``workers``), wait for its answer, stop it ``how``, and assert its ``processes`` or more and
@@ -116,8 +123,13 @@ def app_dies_leaving_nothing(
 
 @pytest.mark.parametrize(
     ("how", "workers"),
-    [("SIGTERM", "fork"), ("SIGKILL", "fork"), ("os._exit", "fork"), ("exit", "fork"),
-     ("SIGKILL", "spawn")],
+    [
+        ("SIGTERM", "fork"),
+        ("SIGKILL", "fork"),
+        ("os._exit", "fork"),
+        ("exit", "fork"),
+        ("SIGKILL", "spawn"),
+    ],
     ids=["SIGTERM", "SIGKILL", "os._exit", "exit", "SIGKILL-spawned-workers"],
 )
 def test_an_app_with_two_engines_leaves_nothing_behind(
@@ -128,7 +140,13 @@ def test_an_app_with_two_engines_leaves_nothing_behind(
     embedder = str(build_embedding_model(scripted_root))
     # The app, 2 engine cores, 2 workers (+ multiprocessing's resource tracker).
     app_dies_leaving_nothing(
-        started, tmp_path, scripted("llama3"), embedder, how, processes=5, workers=workers,
+        started,
+        tmp_path,
+        scripted("llama3"),
+        embedder,
+        how,
+        processes=5,
+        workers=workers,
         named_shm=workers == "spawn",
     )
 
@@ -221,7 +239,7 @@ def test_a_jupyter_kernel_restart_leaves_nothing_behind(
 def sse_text(body: str) -> str:
     """The text of the unnamed events of a ``text/event-stream`` body (examples/fastapi_sse.py)."""
     events = [e.split("\n") for e in body.split("\n\n") if e and not e.startswith("event:")]
-    return "".join("\n".join(line[len("data: "):] for line in e) for e in events)
+    return "".join("\n".join(line[len("data: ") :] for line in e) for e in events)
 
 
 def ask(port: int, server: subprocess.Popen[bytes], log: Path) -> str:

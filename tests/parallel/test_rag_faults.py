@@ -32,8 +32,12 @@ def rag(scripted: Any, scripted_root: Any) -> Iterator[dict[str, Engine]]:
     options = {**s.engine_kwargs, "seed": 36}
     engines = {
         "chat": get_engine(s.path, **options),
-        "embedder": get_engine(str(build_embedding_model(scripted_root)), runner="pooling", **options),
-        "reranker": get_engine(str(build_reranker_model(scripted_root)), runner="pooling", **options),
+        "embedder": get_engine(
+            str(build_embedding_model(scripted_root)), runner="pooling", **options
+        ),
+        "reranker": get_engine(
+            str(build_reranker_model(scripted_root)), runner="pooling", **options
+        ),
     }
     start_engines(*engines.values())
     yield engines

@@ -254,7 +254,8 @@ def test_a_replica_killed_by_ray_leaves_nothing_and_serve_replaces_it(
     name before the test fails, so a failure leaves nothing either."""
     replica = stats(cluster)["replica"]
     name = next(
-        actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)
+        actor["name"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
         if replica in actor["name"]
     )
     handle = ray.get_actor(name, namespace="serve")

@@ -10,6 +10,8 @@ retrieved document; Gemma 3 270M is a base model, so the answer is greedy and sh
 
 from __future__ import annotations
 
+import contextlib
+
 DOCS = [
     "The Eiffel Tower is a wrought-iron lattice tower in Paris.",
     "The keeper of the Skerrivore lighthouse is a woman named Ingrid Halvorsen.",
@@ -100,8 +102,11 @@ def test_rag_app_example_on_real_checkpoints(gemma: str, minilm: str, capsys) ->
     out = capsys.readouterr().out
     assert out.count("[source] ") == 2 * example.KEEP
     # the three engines the example started, each on the options it passes: none
-    for engine in (get_engine(gemma), get_engine(minilm, runner="pooling"),
-                   get_engine(str(build_reranker_model()), runner="pooling")):
+    for engine in (
+        get_engine(gemma),
+        get_engine(minilm, runner="pooling"),
+        get_engine(str(build_reranker_model()), runner="pooling"),
+    ):
         assert engine.started
         assert not {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(engine.vllm_kwargs)
 
@@ -141,28 +146,32 @@ def test_rag_app_plans_the_real_checkpoints_memory_in_a_process_of_its_own(
     from processes import alive, clean_up, describe, process_tree
 
     path = Path(__file__).resolve().parents[2] / "examples" / "rag_app.py"
-    child = subprocess.Popen([sys.executable, "-c", _SCRIPT, str(path), gemma, minilm],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SCRIPT, str(path), gemma, minilm],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     tree: dict[int, object] = {}
     try:
         while child.poll() is None:  # the processes it starts, by pid, to clean up after
-            try:
+            with contextlib.suppress(Exception):  # it ended meanwhile
                 tree.update({p.pid: p for p in process_tree(child.pid)})
-            except Exception:  # noqa: BLE001 - it ended meanwhile
-                pass
             try:
                 child.wait(0.5)
             except subprocess.TimeoutExpired:
                 pass
         out, err = child.communicate(timeout=60)
         assert child.returncode == 0, err[-3000:]
-        result = json.loads(next(line for line in out.splitlines()
-                                 if line.startswith("RESULT "))[len("RESULT "):])
+        result = json.loads(
+            next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT ") :]
+        )
         assert result["answer"].strip()
         assert len(result["sources"]) == 3
         for chosen in result["chosen"]:
             assert chosen["kv_cache_memory_bytes"].startswith("planned with 2 other engine(s)"), (
-                chosen)
+                chosen
+            )
         assert not alive(list(tree.values())), describe(list(tree.values()))
     finally:
         if child.poll() is None:

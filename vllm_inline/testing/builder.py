@@ -82,24 +82,36 @@ _CORPUS = (
     "assistant\n\n",
     "model\n\n",
     "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n",
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n\n",
-    "For each function call, return a json object with function name and arguments within "
-    '<tool_call></tool_call> XML tags:\n{"name": <function-name>, "arguments": '
-    "<args-json-object>}\n\n",
+    (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n\n"
+    ),
+    (
+        "For each function call, return a json object with function name and arguments within "
+        '<tool_call></tool_call> XML tags:\n{"name": <function-name>, "arguments": '
+        "<args-json-object>}\n\n"
+    ),
     "Environment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n",
-    "Given the following functions, please respond with a JSON for a function call with its "
-    "proper arguments that best answers the given prompt.\n\n",
-    'Respond in the format {"name": function name, "parameters": dictionary of argument name '
-    "and its value}.Do not use variables.\n\n",
-    'You can call these functions:\nTo call one, answer with JSON {"name": <function-name>, '
-    '"arguments": <args-json-object>}.\nTool result: sunny\n\n',
+    (
+        "Given the following functions, please respond with a JSON for a function call with its "
+        "proper arguments that best answers the given prompt.\n\n"
+    ),
+    (
+        'Respond in the format {"name": function name, "parameters": dictionary of argument name '
+        "and its value}.Do not use variables.\n\n"
+    ),
+    (
+        'You can call these functions:\nTo call one, answer with JSON {"name": <function-name>, '
+        '"arguments": <args-json-object>}.\nTool result: sunny\n\n'
+    ),
     json.dumps(_TOOL_SCHEMA) + "\n\n",
     json.dumps(_TOOL_SCHEMA, indent=4) + "\n\n",
-    "Hello! Hi there, how are you? What is the weather like in Oslo today? It is sunny and "
-    "warm. Tell me a joke. Please answer briefly. Be brief. Thanks, thank you! What is 2 + 2? "
-    "The capital of France is Paris. Write a short story about a robot. Say hello. Why is the "
-    "sky blue? Explain it to me in one sentence. Continue. Again.\n\n",
+    (
+        "Hello! Hi there, how are you? What is the weather like in Oslo today? It is sunny and "
+        "warm. Tell me a joke. Please answer briefly. Be brief. Thanks, thank you! What is 2 + 2? "
+        "The capital of France is Paris. Write a short story about a robot. Say hello. Why is the "
+        "sky blue? Explain it to me in one sentence. Continue. Again.\n\n"
+    ),
 )
 
 
@@ -114,9 +126,7 @@ def _spec_digest(sc: Scenario) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def build_scripted_model(
-    scenario: str, root: str | os.PathLike[str] | None = None
-) -> pathlib.Path:
+def build_scripted_model(scenario: str, root: str | os.PathLike[str] | None = None) -> pathlib.Path:
     """Build (or reuse) the model directory of ``scenario`` and return its path.
 
     The directory is ``<root>/<scenario>-<hash of the spec and the kit's sources>``: a changed
@@ -325,4 +335,3 @@ def _write_model(sc: Scenario, out: pathlib.Path) -> None:
         ("scenario.json", manifest),  # written last: its presence marks a complete build
     ):
         (out / name).write_text(json.dumps(obj, indent=2, default=repr) + "\n")
-

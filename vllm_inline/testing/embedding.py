@@ -68,16 +68,31 @@ def _write_model(out: pathlib.Path) -> None:
     hidden = EMBEDDING_HIDDEN_SIZE
     rng = np.random.default_rng(_SEED)
     tensors = {"embed_tokens.weight": rng.standard_normal((vocab, hidden)).astype(np.float32)}
-    tensors.update(llama_layers(
-        rng, prefix="", layers=_LAYERS, hidden=hidden, heads=_HEADS, intermediate=_INTERMEDIATE,
-        attention_std=(0.02, 0.02, 0.02, 0.02), mlp_std=0.02,
-    ))
+    tensors.update(
+        llama_layers(
+            rng,
+            prefix="",
+            layers=_LAYERS,
+            hidden=hidden,
+            heads=_HEADS,
+            intermediate=_INTERMEDIATE,
+            attention_std=(0.02, 0.02, 0.02, 0.02),
+            mlp_std=0.02,
+        )
+    )
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
     pad, eos = tok.token_to_id("<pad>"), tok.token_to_id("</s>")
     config = llama_config(
-        architecture="LlamaModel", vocab=vocab, hidden=hidden, heads=_HEADS,
-        intermediate=_INTERMEDIATE, layers=_LAYERS, bos=eos, eos=eos, pad=pad,
+        architecture="LlamaModel",
+        vocab=vocab,
+        hidden=hidden,
+        heads=_HEADS,
+        intermediate=_INTERMEDIATE,
+        layers=_LAYERS,
+        bos=eos,
+        eos=eos,
+        pad=pad,
     )
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",

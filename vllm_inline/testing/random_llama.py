@@ -67,17 +67,19 @@ def llama_layers(
     tensors: dict[str, Any] = {}
     for i in range(layers):
         p = f"{prefix}layers.{i}."
-        tensors.update({
-            p + "input_layernorm.weight": np.ones(hidden, np.float32),
-            p + "self_attn.q_proj.weight": normal(q, width, hidden),
-            p + "self_attn.k_proj.weight": normal(k, width, hidden),
-            p + "self_attn.v_proj.weight": normal(v, width, hidden),
-            p + "self_attn.o_proj.weight": normal(o, hidden, width),
-            p + "post_attention_layernorm.weight": np.ones(hidden, np.float32),
-            p + "mlp.gate_proj.weight": normal(mlp_std, intermediate, hidden),
-            p + "mlp.up_proj.weight": normal(mlp_std, intermediate, hidden),
-            p + "mlp.down_proj.weight": normal(mlp_std, hidden, intermediate),
-        })
+        tensors.update(
+            {
+                p + "input_layernorm.weight": np.ones(hidden, np.float32),
+                p + "self_attn.q_proj.weight": normal(q, width, hidden),
+                p + "self_attn.k_proj.weight": normal(k, width, hidden),
+                p + "self_attn.v_proj.weight": normal(v, width, hidden),
+                p + "self_attn.o_proj.weight": normal(o, hidden, width),
+                p + "post_attention_layernorm.weight": np.ones(hidden, np.float32),
+                p + "mlp.gate_proj.weight": normal(mlp_std, intermediate, hidden),
+                p + "mlp.up_proj.weight": normal(mlp_std, intermediate, hidden),
+                p + "mlp.down_proj.weight": normal(mlp_std, hidden, intermediate),
+            }
+        )
     tensors[prefix + "norm.weight"] = np.ones(hidden, np.float32)
     return tensors
 

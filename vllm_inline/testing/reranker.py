@@ -78,19 +78,38 @@ def _write_model(out: pathlib.Path) -> None:
     rng = np.random.default_rng(_SEED)
     # Large attention weights: the last token's state (what the score head reads) then
     # depends on every token of the pair, so different documents get different scores.
-    tensors = {"model.embed_tokens.weight": rng.standard_normal((vocab, _HIDDEN)).astype(np.float32)}
-    tensors.update(llama_layers(
-        rng, prefix="model.", layers=_LAYERS, hidden=_HIDDEN, heads=_HEADS,
-        intermediate=_INTERMEDIATE, attention_std=(0.1, 0.1, 0.2, 0.2), mlp_std=0.05,
-    ))
+    tensors = {
+        "model.embed_tokens.weight": rng.standard_normal((vocab, _HIDDEN)).astype(np.float32)
+    }
+    tensors.update(
+        llama_layers(
+            rng,
+            prefix="model.",
+            layers=_LAYERS,
+            hidden=_HIDDEN,
+            heads=_HEADS,
+            intermediate=_INTERMEDIATE,
+            attention_std=(0.1, 0.1, 0.2, 0.2),
+            mlp_std=0.05,
+        )
+    )
     tensors["score.weight"] = (rng.standard_normal((1, _HIDDEN)) * 0.2).astype(np.float32)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
     pad, bos, eos = (tok.token_to_id(t) for t in ("<pad>", "<s>", "</s>"))
     config = llama_config(
-        architecture="LlamaForSequenceClassification", vocab=vocab, hidden=_HIDDEN, heads=_HEADS,
-        intermediate=_INTERMEDIATE, layers=_LAYERS, bos=bos, eos=eos, pad=pad,
-        num_labels=1, id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0},
+        architecture="LlamaForSequenceClassification",
+        vocab=vocab,
+        hidden=_HIDDEN,
+        heads=_HEADS,
+        intermediate=_INTERMEDIATE,
+        layers=_LAYERS,
+        bos=bos,
+        eos=eos,
+        pad=pad,
+        num_labels=1,
+        id2label={"0": "LABEL_0"},
+        label2id={"LABEL_0": 0},
     )
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",

@@ -133,7 +133,15 @@ _DEMO_ANSWER = (
 
 def _completion(family: str, stop: str) -> Chain:
     return _chain(
-        family, " there", " lived", " a", " tiny", " model.", stop, " Unwanted", " continuation",
+        family,
+        " there",
+        " lived",
+        " a",
+        " tiny",
+        " model.",
+        stop,
+        " Unwanted",
+        " continuation",
         stop=stop,
     )
 
@@ -150,7 +158,12 @@ def _llama3(name: str, *answer: str, **more: Any) -> Scenario:
         name=name,
         family="llama3",
         chat=_chain(
-            "llama3", *answer, "<|eot_id|>", "\nUser:", " hallucinated", " turn",
+            "llama3",
+            *answer,
+            "<|eot_id|>",
+            "\nUser:",
+            " hallucinated",
+            " turn",
             stop="<|eot_id|>",
         ),
         tokenizer_eos="<|end_of_text|>",
@@ -184,13 +197,22 @@ SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
         _llama3(
-            "llama3", "The", " answer", " is", " complete", ".",
+            "llama3",
+            "The",
+            " answer",
+            " is",
+            " complete",
+            ".",
             completion_prompt=_ONCE,
             completion=_completion("llama3", "<|end_of_text|>"),
         ),
         _llama3("demo", *_words(_DEMO_ANSWER)),
         _chatml(
-            "chatml", "Hello", " from", " ChatML", "!",
+            "chatml",
+            "Hello",
+            " from",
+            " ChatML",
+            "!",
             generation_defaults=(("do_sample", True), *_QWEN_DEFAULTS),
             completion_prompt=_ONCE,
             completion=_completion("chatml", "<|endoftext|>"),
@@ -199,8 +221,17 @@ SCENARIOS: dict[str, Scenario] = {
             name="gemma",
             family="gemma",
             chat=_chain(
-                "gemma", "Gemma", " says", " hi", ".",
-                "<end_of_turn>", "<start_of_turn>", "user\n", "A", " hallucinated", " turn",
+                "gemma",
+                "Gemma",
+                " says",
+                " hi",
+                ".",
+                "<end_of_turn>",
+                "<start_of_turn>",
+                "user\n",
+                "A",
+                " hallucinated",
+                " turn",
                 stop="<end_of_turn>",
             ),
             tokenizer_eos="<eos>",
@@ -213,8 +244,18 @@ SCENARIOS: dict[str, Scenario] = {
         # "\n\n" is the base vocabulary's merged token, which also ends the
         # enable_thinking=False prompt: `no_think` joins this chain at "The".
         _chatml(
-            "chatml_reasoning", "<think>", "\nNeed", " to", " think\n", "</think>", "\n\n",
-            "The", " answer", " is", " 42", ".",
+            "chatml_reasoning",
+            "<think>",
+            "\nNeed",
+            " to",
+            " think\n",
+            "</think>",
+            "\n\n",
+            "The",
+            " answer",
+            " is",
+            " 42",
+            ".",
             template="qwen3",
             no_think=_chatml_chain("The", " answer", " is", " 42", "."),
             reasoning="Need to think",
@@ -223,7 +264,10 @@ SCENARIOS: dict[str, Scenario] = {
             tool_parser="hermes",
         ),
         _chatml(
-            "chatml_tools", "<tool_call>", "\n" + _TOOL_JSON + "\n", "</tool_call>",
+            "chatml_tools",
+            "<tool_call>",
+            "\n" + _TOOL_JSON + "\n",
+            "</tool_call>",
             after_tool=_chatml_chain("The", " weather", " in", " Oslo", " is", " sunny", "."),
             content=None,
             tool_call=("get_weather", '{"city": "Oslo"}'),

@@ -45,7 +45,10 @@ IDEFICS3_CHAT_TEMPLATE = (
 """Idefics3's chat template (HuggingFaceM4/Idefics3-8B-Llama3): content is a list of parts,
 ``{"type": "image"}`` becomes ``<image>``, which the processor expands into image tokens."""
 
-VISION_ENGINE_KWARGS: dict[str, Any] = {**CPU_TEST_ENGINE_KWARGS, "limit_mm_per_prompt": {"image": 2}}
+VISION_ENGINE_KWARGS: dict[str, Any] = {
+    **CPU_TEST_ENGINE_KWARGS,
+    "limit_mm_per_prompt": {"image": 2},
+}
 """vLLM engine options for the tiny Idefics3 on a CPU: :data:`CPU_TEST_ENGINE_KWARGS` and at most
 two images per prompt (vLLM profiles memory for the limit; a third image is refused)."""
 
@@ -174,5 +177,9 @@ def _write_model(out: pathlib.Path) -> None:
     )
     processor.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
-    manifest = {"architecture": "Idefics3ForConditionalGeneration", "seed": _SEED, "vocab_size": vocab}
+    manifest = {
+        "architecture": "Idefics3ForConditionalGeneration",
+        "seed": _SEED,
+        "vocab_size": vocab,
+    }
     (out / "vision.json").write_text(json.dumps(manifest, indent=2) + "\n")  # last: marks complete
