@@ -5,8 +5,9 @@ script is what proves the two hold the same package (``make test-wheel``): every
 under a directory ``pyproject.toml`` maps into the package is in the wheel under its import path
 (or is a file ``package-data`` does not ship, which fails too: a template or a data file added
 without its glob is exactly the file a user would miss), nothing else is (no stray top-level
-``engine`` or ``integrations``), the metadata carries the version, the extras and the console
-script, and the sdist holds what the wheel is built from. It prints the wheel's file list.
+``engine`` or ``integrations``), the package is marked typed (``py.typed``, PEP 561), the
+metadata carries the version, the extras, the console script and the licence (``License-File``,
+the file itself in the wheel and the sdist), and the sdist holds what the wheel is built from. It prints the wheel's file list.
 Exit status 1 on any difference. setuptools has no such check of its own (``check-wheel-contents``
 looks for common mistakes, not for this layout's mapping), hence this script.
 """
@@ -85,6 +86,15 @@ def check_wheel(wheel: Path, pyproject: dict, tracked: list[str]) -> list[str]:
     for script, target in project.get("scripts", {}).items():
         if f"{script} = {target}" not in entry_points:
             problems.append(f"console script {script} = {target} not in entry_points.txt")
+    if "vllm_inline/py.typed" not in names:
+        problems.append("no vllm_inline/py.typed: type checkers would treat the package as untyped")
+    if metadata["License-Expression"] != project["license"]:
+        problems.append(f"METADATA License-Expression is {metadata['License-Expression']!r}")
+    for licence in project.get("license-files", []):
+        if licence not in (metadata.get_all("License-File") or []):
+            problems.append(f"METADATA has no License-File: {licence}")
+        if f"{dist_info}licenses/{licence}" not in names:
+            problems.append(f"the wheel does not carry {dist_info}licenses/{licence}")
     return problems
 
 
@@ -92,7 +102,11 @@ def check_sdist(sdist: Path, pyproject: dict, tracked: list[str]) -> list[str]:
     prefix = sdist.name.removesuffix(".tar.gz") + "/"
     with tarfile.open(sdist) as t:
         members = {m.name.removeprefix(prefix) for m in t.getmembers()}
-    wanted = ["pyproject.toml", pyproject["project"]["readme"]]
+    wanted = [
+        "pyproject.toml",
+        pyproject["project"]["readme"],
+        *pyproject["project"]["license-files"],
+    ]
     wanted += sorted(set(expected_wheel_files(pyproject, tracked).values()))
     return [f"missing from the sdist: {p}" for p in wanted if p not in members]
 
@@ -118,8 +132,8 @@ def main(dist: str) -> int:
         print(f"FAIL {problem}", file=sys.stderr)
     if not problems:
         print(
-            f"{wheels[0].name} and {sdists[0].name} hold every mapped file, the version, the extras "
-            "and the console script"
+            f"{wheels[0].name} and {sdists[0].name} hold every mapped file, py.typed, the version, "
+            "the extras, the console script and the licence"
         )
     return 1 if problems else 0
 
