@@ -10,8 +10,6 @@ use (``life/``), checks each call (``request/``) and runs it on the engine's eve
 from __future__ import annotations
 
 import asyncio
-import atexit
-import gc
 import json
 import os
 import threading
@@ -19,21 +17,22 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mappin
 from typing import Any, TypeVar
 
 from vllm_inline.engine.errors import EngineUnavailableError, ModelLoadError
+from vllm_inline.engine.life import together
 from vllm_inline.engine.life.metrics import EngineStats
 from vllm_inline.engine.life.platform_defaults import Choice, PlatformDefaults
 from vllm_inline.engine.life.runtime import Runtime, start_runtime
 from vllm_inline.engine.life.stops import StopPolicy
-from vllm_inline.engine.life.together import shutdown_engines
 from vllm_inline.engine.loop.bridge import aiter_on, iter_on
 from vllm_inline.engine.pooling import embeddings, scoring
 from vllm_inline.engine.request import render
 from vllm_inline.engine.request.lora import LoRARegistry
 from vllm_inline.engine.request.request import Request, build_request
 from vllm_inline.engine.request.sampling import DEFAULTS, layer_sampling
+from vllm_inline.engine.seam.vllm_types import TokenizerLike
 from vllm_inline.engine.stream.deltas import Delta, coalesce
 from vllm_inline.engine.stream.generate import generate
 
-__all__ = ["Engine", "get_engine", "shutdown_all"]
+__all__ = ["Engine", "get_engine"]
 
 T = TypeVar("T")
 
@@ -83,8 +82,16 @@ class Engine:
             return runtime
         with self._lock:
             if self._runtime is None:
-                self._runtime = start_runtime(self.model, self.vllm_kwargs, planned, _running(self))
-                _register_exit()
+                together.starting(self)
+                try:
+                    runtime = start_runtime(
+                        self.model, self.vllm_kwargs, planned, together.others_running(self)
+                    )
+                except BaseException:
+                    together.stopped(self)
+                    raise
+                together.started(self, runtime.platform_defaults.kwargs)
+                self._runtime = runtime
             return self._runtime
 
     async def _astarted(self) -> Runtime:
@@ -100,6 +107,7 @@ class Engine:
         with self._lock:
             runtime, self._runtime = self._runtime, None
         if runtime is not None:
+            together.stopped(self)
             runtime.shutdown()
 
     def restart(self) -> Engine:
@@ -129,7 +137,7 @@ class Engine:
         return self._started().max_model_len
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> TokenizerLike:
         """The model's tokenizer, as vLLM loaded it (starts the engine)."""
         return self._started().tokenizer
 
@@ -216,8 +224,11 @@ class Engine:
         items = embeddings.validate_texts(texts, truncate, normalize, batch_size)
         if not items:
             return []
-        options = {"truncate": truncate, "normalize": normalize, "batch_size": batch_size}
-        return await self._arun(lambda runtime: embeddings.embed(runtime, items, **options))
+        return await self._arun(
+            lambda runtime: embeddings.embed(
+                runtime, items, truncate=truncate, normalize=normalize, batch_size=batch_size
+            )
+        )
 
     def embed(
         self,
@@ -231,9 +242,10 @@ class Engine:
         items = embeddings.validate_texts(texts, truncate, normalize, batch_size)
         if not items:
             return []
-        options = {"truncate": truncate, "normalize": normalize, "batch_size": batch_size}
         return self._run(
-            lambda runtime: embeddings.embed(runtime, items, **options),
+            lambda runtime: embeddings.embed(
+                runtime, items, truncate=truncate, normalize=normalize, batch_size=batch_size
+            ),
             instead="engine.aembed(...)",
         )
 
@@ -257,8 +269,11 @@ class Engine:
         docs = scoring.validate_pairs(query, documents, truncate, batch_size)
         if not docs:
             return []
-        options = {"truncate": truncate, "batch_size": batch_size}
-        return await self._arun(lambda runtime: scoring.score(runtime, query, docs, **options))
+        return await self._arun(
+            lambda runtime: scoring.score(
+                runtime, query, docs, truncate=truncate, batch_size=batch_size
+            )
+        )
 
     def score(
         self,
@@ -272,9 +287,10 @@ class Engine:
         docs = scoring.validate_pairs(query, documents, truncate, batch_size)
         if not docs:
             return []
-        options = {"truncate": truncate, "batch_size": batch_size}
         return self._run(
-            lambda runtime: scoring.score(runtime, query, docs, **options),
+            lambda runtime: scoring.score(
+                runtime, query, docs, truncate=truncate, batch_size=batch_size
+            ),
             instead="engine.ascore(...)",
         )
 
@@ -354,7 +370,6 @@ def _render_options(prompt: Any, tools: Any, template: Any, kwargs: Any) -> dict
 
 _engines: dict[str, Engine] = {}
 _engines_lock = threading.Lock()
-_exit_registered = False
 
 
 def _key(model: str, vllm_kwargs: Mapping[str, Any]) -> str:
@@ -374,37 +389,3 @@ def get_engine(model: str, **vllm_kwargs: Any) -> Engine:
         if engine is None:
             engine = _engines[key] = Engine(os.fspath(model), vllm_kwargs)
         return engine
-
-
-def _running(engine: Engine) -> list[tuple[str, dict[str, Any]]]:
-    """The process's other running engines: model, and the options each started with."""
-    with _engines_lock:
-        others = [e._runtime for e in _engines.values() if e is not engine]
-    return [(r.model, dict(r.platform_defaults.kwargs)) for r in others if r is not None]
-
-
-def shutdown_all() -> None:
-    """Shut down every engine of the process at once (:func:`.shutdown_engines`; at exit too)."""
-    with _engines_lock:
-        engines = list(_engines.values())
-    shutdown_engines(*engines)
-
-
-def _at_exit() -> None:
-    shutdown_all()
-    # Give the heap frozen at start (vllm_engine.start_engine) back to the last collections: native
-    # extensions (triton's nanobind bindings) otherwise report their objects leaked at exit.
-    gc.unfreeze()
-
-
-def _register_exit() -> None:
-    global _exit_registered
-    with _engines_lock:
-        if not _exit_registered:
-            atexit.register(_at_exit)
-            # multiprocessing's atexit hook joins the engine cores, forever if it runs first (as
-            # once multiprocessing.get_logger() re-registers it); its finalizers precede the join.
-            from multiprocessing import util
-
-            util.Finalize(None, _at_exit, exitpriority=0)
-            _exit_registered = True

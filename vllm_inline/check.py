@@ -196,7 +196,7 @@ def _template(
             f"{eot} (id {eot_id}) is not a stop token",
             f"The template ends an assistant turn with {eot}, but generation_config.json's "
             f"eos_token_id is {gen_eos} and the tokenizer's EOS is "
-            f"{engine.tokenizer.eos_token!r}: answers run past the end of the turn. Add "
+            f"{getattr(engine.tokenizer, 'eos_token', None)!r}: answers run past the end of the turn. Add "
             f"{eot_id} to eos_token_id in generation_config.json.",
         )
     elif eot_id not in gen_eos:
@@ -217,7 +217,9 @@ def _answer(
 ) -> None:
     """One greedy answer: no special-token text, stops at the end-of-turn token."""
     tok = engine.tokenizer
-    text, ids, last = [], [], None
+    text: list[str] = []
+    ids: list[int] = []
+    last = None
     for delta in engine.stream(conversation, temperature=0.0, max_tokens=256):
         text.append(delta.text)
         ids.extend(delta.token_ids)
@@ -244,7 +246,7 @@ def _answer(
         if last and isinstance(last.stop_reason, int)
         else (ids[-1] if ids else None)
     )
-    shown = tok.convert_ids_to_tokens(stopped_at) if stopped_at is not None else None
+    shown = tok.convert_ids_to_tokens([stopped_at])[0] if stopped_at is not None else None
     if finish != "stop":
         report.add(
             "stops at end of turn",

@@ -79,7 +79,7 @@ def add_tool_rows(engine: Engine, report: Report, tool_parser: str | None) -> No
         return
     call = calls[min(calls)]
     call_id = call["id"] or "call_0"
-    follow = [
+    follow: list[dict[str, Any]] = [
         *user,
         {
             "role": "assistant",

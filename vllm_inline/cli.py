@@ -15,12 +15,15 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
-
-from typing_extensions import Self
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .testing import build_scripted_model
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from .engine import Engine
 
 __all__ = ["main"]
 
@@ -69,7 +72,7 @@ class Spinner:
             self._thread.join()
 
 
-def _start_engine(model: str | None):
+def _start_engine(model: str | None) -> Engine:
     from .engine import get_engine
 
     with Spinner(f"Starting vLLM and loading {model or 'the embedded demo model'}"):
@@ -80,13 +83,13 @@ def _start_engine(model: str | None):
     print(
         f"Engine ready: {model or 'embedded demo model (scripted, built locally)'}; "
         f"chat template: {policy.template_source}; stop tokens: {', '.join(policy.stop_tokens)}; "
-        f"engine options chosen: {engine.platform_defaults.summary()}",
+        f"engine options chosen: {engine.platform_defaults and engine.platform_defaults.summary()}",
         flush=True,
     )
     return engine
 
 
-def _stream_answer(engine, messages: list[dict[str, Any]], **sampling: Any) -> str:
+def _stream_answer(engine: Engine, messages: list[dict[str, Any]], **sampling: Any) -> str:
     start = time.perf_counter()
     first: float | None = None
     text = []

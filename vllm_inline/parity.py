@@ -101,9 +101,10 @@ class ReferenceModel:
         )
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         """Where the reference runs."""
-        self.model = AutoModelForCausalLM.from_pretrained(
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
             model, dtype=torch_dtype, trust_remote_code=trust_remote_code
-        ).to(self.device)
+        )
+        self.model = loaded.to(self.device)
         """The ``transformers`` model."""
         self.model.eval()
 
@@ -127,7 +128,7 @@ class ReferenceModel:
                 top_p=None,
                 top_k=None,
             )
-        return out[0, ids.shape[1] :].tolist()
+        return [int(t) for t in out[0, ids.shape[1] :].tolist()]
 
 
 def add_parity_rows(

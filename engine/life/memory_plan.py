@@ -250,7 +250,7 @@ def _plan_gpu(engines: Sequence[EngineNeeds]) -> dict[int, tuple[Choice, ...]]:
     chat = [e for e in planned if not e.pooling]
     left = short - pooled
     weight = sum(need[id(e)] or 1 for e in chat)
-    plan = {}
+    plan: dict[int, tuple[Choice, ...]] = {}
     others = len(engines) - 1
     for e in planned:
         if e.pooling:

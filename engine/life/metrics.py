@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_inline.engine.errors import StatsDisabledError
+from vllm_inline.engine.seam.vllm_types import IterationStats, SchedulerStats
 
 __all__ = [
     "EngineStats",
@@ -149,7 +150,12 @@ class StatsBook:
         self._lock = threading.Lock()
         self._cores: dict[int, _CoreFigures] = {}
 
-    def record(self, scheduler_stats: Any, iteration_stats: Any, engine_index: int = 0) -> None:
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        engine_index: int = 0,
+    ) -> None:
         """Add one step's ``SchedulerStats`` and ``IterationStats`` (either may be ``None``) of
         engine core ``engine_index``."""
         with self._lock:

@@ -40,6 +40,7 @@ from vllm_inline.engine.loop.bridge import LoopThread
 from vllm_inline.engine.seam import (
     vllm_processes,  # the standard library only until an engine starts
 )
+from vllm_inline.engine.seam.vllm_types import AsyncLLM, TokenizerLike
 
 __all__ = ["Runtime", "require_runner", "start_runtime"]
 
@@ -69,11 +70,11 @@ class Runtime:
 
     model: str
     """Model path or hub id, as given to :func:`~vllm_inline.engine.get_engine`."""
-    llm: Any
+    llm: AsyncLLM | None
     """vLLM's ``AsyncLLM`` (``None`` once shut down)."""
     loop: LoopThread
     """The event-loop thread the ``AsyncLLM`` is bound to; all engine work runs there."""
-    tokenizer: Any
+    tokenizer: TokenizerLike
     """The model's tokenizer, as vLLM loaded it."""
     template: TemplateChoice
     """The chat template chosen at start (the model's own, or a family fallback)."""
@@ -96,6 +97,12 @@ class Runtime:
     into this ``AsyncLLM``."""
     closing: bool = False
     """True once :meth:`shutdown` began: cancelled work ends with :class:`EngineShutdownError`."""
+
+    def running_llm(self) -> AsyncLLM:
+        """The ``AsyncLLM``, for work under :meth:`guard` (which refuses a dead engine)."""
+        if self.llm is None:
+            raise EngineShutdownError(f"The engine for {self.model!r} was shut down.")
+        return self.llm
 
     @asynccontextmanager
     async def guard(
@@ -167,7 +174,8 @@ class Runtime:
                 await asyncio.wait(list(self.tasks), timeout=5)
             # Returns as soon as vLLM's processes are down. Killed before their own teardown
             # ends, they leave shared memory and a lock behind, reported as leaked at exit.
-            llm.shutdown(timeout=vllm_quiet.shutdown_timeout())
+            if llm is not None:
+                llm.shutdown(timeout=vllm_quiet.shutdown_timeout())
 
         try:
             self.loop.submit(close()).result(timeout=30)

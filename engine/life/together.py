@@ -1,4 +1,6 @@
-"""Several engines at once: start them concurrently, shut them down concurrently.
+"""Several engines at once: start them concurrently, shut them down concurrently, and know
+which of the process's engines are running (what a new engine's start must count beside it,
+what is shut down at exit).
 
 A RAG app holds a chat model, an embedder and a reranker: three engines. Each start and each
 shutdown mostly waits on vLLM's own processes (starting them, loading the weights; on shutdown,
@@ -19,6 +21,8 @@ processes overlap (``vllm_processes.spawn_environment``).
 
 from __future__ import annotations
 
+import atexit
+import gc
 import logging
 import threading
 import time
@@ -27,7 +31,16 @@ from typing import Any, Protocol, TypeVar
 
 from vllm_inline.engine.life.platform_defaults import Choice
 
-__all__ = ["EngineLike", "shutdown_engines", "start_engines"]
+__all__ = [
+    "EngineLike",
+    "others_running",
+    "shutdown_all",
+    "shutdown_engines",
+    "start_engines",
+    "started",
+    "starting",
+    "stopped",
+]
 
 logger = logging.getLogger("vllm_inline")
 
@@ -182,3 +195,66 @@ def _errors_of(
             on_error()
         return [e]
     return []
+
+
+# -- the process's running engines ------------------------------------------------------------
+
+_running: dict[int, tuple[EngineLike, Mapping[str, Any] | None]] = {}  # None: still starting
+_running_lock = threading.Lock()
+_exit_registered = False
+
+
+def starting(engine: EngineLike) -> None:
+    """Note ``engine`` as starting: from now on it is shut down at exit (once its start is
+    done). The first engine of the process registers that shutdown."""
+    global _exit_registered
+    with _running_lock:
+        _running[id(engine)] = (engine, None)
+        if not _exit_registered:
+            atexit.register(_at_exit)
+            # multiprocessing's atexit hook joins the engine cores, forever if it runs first (as
+            # once multiprocessing.get_logger() re-registers it); its finalizers precede the join.
+            from multiprocessing import util
+
+            util.Finalize(None, _at_exit, exitpriority=0)
+            _exit_registered = True
+
+
+def started(engine: EngineLike, options: Mapping[str, Any]) -> None:
+    """Note ``engine`` as running, with the options vLLM started it with (its own and those
+    chosen for the machine)."""
+    with _running_lock:
+        _running[id(engine)] = (engine, dict(options))
+
+
+def stopped(engine: EngineLike) -> None:
+    """Note ``engine`` as no longer running."""
+    with _running_lock:
+        _running.pop(id(engine), None)
+
+
+def others_running(engine: EngineLike) -> list[tuple[str, dict[str, Any]]]:
+    """The process's running engines other than ``engine``: model, and the options each
+    started with (for the memory check of ``engine``'s start)."""
+    with _running_lock:
+        return [
+            (e.model, dict(options))
+            for e, options in _running.values()
+            if e is not engine and options is not None
+        ]
+
+
+def shutdown_all() -> None:
+    """Shut down every engine of the process at once (:func:`shutdown_engines`; at exit too).
+    An engine still starting is shut down once it is up."""
+    with _running_lock:
+        engines = [engine for engine, _ in _running.values()]
+    for engine, error in _each_at_once(lambda engine: engine.shutdown(), engines, None):
+        logger.warning("vllm-inline: %s did not shut down cleanly", engine.model, exc_info=error)
+
+
+def _at_exit() -> None:
+    shutdown_all()
+    # Give the heap frozen at start (vllm_engine.start_engine) back to the last collections:
+    # native extensions (triton's nanobind bindings) otherwise report their objects leaked.
+    gc.unfreeze()

@@ -35,6 +35,7 @@ from vllm_inline.engine.errors import (
     UnsupportedTaskError,
 )
 from vllm_inline.engine.life.runtime import Runtime
+from vllm_inline.engine.seam.vllm_types import AsyncLLM
 
 __all__ = ["DEFAULT_BATCH_SIZE", "check_embed_options", "embed", "validate_texts"]
 
@@ -110,7 +111,7 @@ async def _render(runtime: Runtime, batch: list[str], start: int, truncate: bool
     """Engine inputs for ``batch`` (``texts[start:]``); over-long or empty texts are named."""
     from vllm_inline.engine.seam import vllm_pooling
 
-    llm = runtime.llm
+    llm = runtime.running_llm()
     try:
         inputs = await vllm_pooling.render_texts(llm, batch, truncate=truncate)
     except Exception as e:
@@ -145,7 +146,9 @@ async def _render(runtime: Runtime, batch: list[str], start: int, truncate: bool
     return inputs
 
 
-async def _encode_all(llm: Any, inputs: list[Any], params: Any, limit: int) -> list[list[float]]:
+async def _encode_all(
+    llm: AsyncLLM, inputs: list[Any], params: Any, limit: int
+) -> list[list[float]]:
     """Submit every input at once (at most ``limit`` in flight); results in input order."""
     from vllm_inline.engine.seam import vllm_pooling
 

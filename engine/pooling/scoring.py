@@ -37,6 +37,7 @@ from vllm_inline.engine.errors import (
     UnsupportedTaskError,
 )
 from vllm_inline.engine.life.runtime import Runtime
+from vllm_inline.engine.seam.vllm_types import AsyncLLM
 
 __all__ = ["DEFAULT_BATCH_SIZE", "check_score_options", "check_top_n", "score", "validate_pairs"]
 
@@ -118,7 +119,7 @@ async def score(
                 await asyncio.wait(scored)
 
 
-def _not_a_reranker(model: str, tasks: Sequence[str], llm: Any) -> str:
+def _not_a_reranker(model: str, tasks: Sequence[str], llm: AsyncLLM) -> str:
     from vllm_inline.engine.seam import vllm_pooling
 
     if "classify" in tasks:
@@ -141,7 +142,7 @@ async def _render(
     """Engine inputs for the pairs of ``batch`` (``documents[start:]``); over-long ones named."""
     from vllm_inline.engine.seam import vllm_pooling
 
-    llm = runtime.llm
+    llm = runtime.running_llm()
     results = await asyncio.gather(
         *(vllm_pooling.render_pair(llm, query, doc, truncate=truncate) for doc in batch),
         return_exceptions=True,

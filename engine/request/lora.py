@@ -116,7 +116,7 @@ async def lora_request(runtime: Runtime, adapter: Adapter | None) -> Any:
     """
     from vllm_inline.engine.seam import vllm_lora
 
-    llm, loaded = runtime.llm, runtime.loaded_adapters
+    llm, loaded = runtime.running_llm(), runtime.loaded_adapters
     if adapter is None:
         base = vllm_lora.base_lora_request(llm)
         if base is None or _BASE_OK in loaded:
@@ -166,9 +166,11 @@ def _split(lora: Any) -> tuple[str, str | None]:
         text = os.fspath(lora)
         if not text:
             raise BadRequestError.invalid("lora", lora, "a non-empty adapter path or name")
-        path = os.path.expanduser(text)
-        looks_like_path = os.path.isdir(path) or text.startswith(("/", ".", "~")) or os.sep in text
-        return ("", os.path.abspath(path)) if looks_like_path else (text, None)
+        expanded = os.path.expanduser(text)
+        looks_like_path = (
+            os.path.isdir(expanded) or text.startswith(("/", ".", "~")) or os.sep in text
+        )
+        return ("", os.path.abspath(expanded)) if looks_like_path else (text, None)
     if isinstance(lora, Mapping):
         name, path = lora.get("name"), lora.get("path")
         extra = set(lora) - {"name", "path"}

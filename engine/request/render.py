@@ -38,7 +38,7 @@ async def render(runtime: Runtime, request: Request) -> Any:
     from vllm_inline.engine.seam import vllm_engine
 
     if request.prompt is not None:
-        return await vllm_engine.render_prompt(runtime.llm, request.prompt)
+        return await vllm_engine.render_prompt(runtime.running_llm(), request.prompt)
     check_images(request.images, runtime.media, runtime.model)
     if request.chat_template is not None:
         choice = resolve_chat_template(None, {}, request.chat_template)
@@ -47,8 +47,8 @@ async def render(runtime: Runtime, request: Request) -> Any:
         require_template(choice, runtime.model)
     try:
         return await vllm_engine.render_chat(
-            runtime.llm,
-            request.messages,
+            runtime.running_llm(),
+            request.messages or [],
             chat_template=choice.template,
             chat_template_kwargs=request.chat_template_kwargs,
             tools=request.tools,

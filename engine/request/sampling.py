@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from vllm_inline.engine.errors import BadRequestError
@@ -45,8 +45,9 @@ def _number(
 ) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise BadRequestError.invalid(name, value, "a finite number")
-    too_low = lo is not None and (value <= lo if lo_open else value < lo)
-    too_high = hi is not None and value > hi
+    number = float(value)
+    too_low = lo is not None and (number <= lo if lo_open else number < lo)
+    too_high = hi is not None and number > hi
     if too_low or too_high:
         left = "(" if lo_open else "["
         raise BadRequestError.invalid(name, value, f"must be in {left}{lo}, {hi}]")
@@ -73,7 +74,7 @@ def check_sampling(
 ) -> dict[str, Any]:
     """Check the values vllm-inline knows and return them normalised (``stop`` as a list)."""
     out = dict(values)
-    checks = {
+    checks: dict[str, Callable[[Any], None]] = {
         "temperature": lambda v: _number("temperature", v, 0.0, 2.0),
         "top_p": lambda v: _number("top_p", v, 0.0, 1.0, lo_open=True),
         "min_p": lambda v: _number("min_p", v, 0.0, 1.0),

@@ -302,5 +302,19 @@ CONTRACT: tuple[Use, ...] = (
         ),
         members=("skip_special_tokens", "structured_outputs", "include_reasoning", "tools"),
     ),
+    # engine/seam/vllm_types.py: the types the package's annotations name (type checking only)
+    _u("vllm.config", "ModelConfig"),
+    _u("vllm.tokenizers", "TokenizerLike"),
+    _u("vllm.v1.engine.async_llm", "AsyncLLM"),
+    _u(
+        "vllm.v1.metrics.stats",
+        "SchedulerStats",
+        members=("num_running_reqs", "num_waiting_reqs", "kv_cache_usage", "prefix_cache_stats"),
+    ),
+    _u(
+        "vllm.v1.metrics.stats",
+        "IterationStats",
+        members=("num_prompt_tokens", "num_generation_tokens", "finished_requests"),
+    ),
 )
 """Every vLLM name the package uses (engine/seam/), with what it passes and reads."""

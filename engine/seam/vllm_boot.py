@@ -26,10 +26,8 @@ children, the OOM killer choosing the engine core, the biggest process) nothing 
 each stays in ``/dev/shm``, holding its memory, until the machine restarts.
 :func:`release_names_when_attached` unlinks a queue's names as soon as every reader has attached
 (``wait_until_ready``), the way Ray's object store does its own: the mappings work on, and the
-kernel frees the memory when the last process holding it ends, however it ends.
-
-**Forked, not spawned, on a CPU:** workers (:func:`fork_workers`) and engine cores
-(:func:`boot_forked`, ``.vllm_processes``).
+kernel frees the memory when the last process holding it ends, however it ends. **Forked, not
+spawned, on a CPU:** workers (:func:`fork_workers`), engine cores (:func:`boot_forked`).
 """
 
 from __future__ import annotations
@@ -69,9 +67,9 @@ PARENT_PID_VARIABLE = "VLLMINLINE_PARENT_PID"
 finds another parent was orphaned before its watch began, and stops at once."""
 
 PROCESS_START_VARIABLE = "VLLMINLINE_PROCESS_START"
-"""How an engine's processes start on a CPU: ``fork`` (the default: engine cores from a fork
-server, ``.vllm_processes``, and workers from their engine core, :func:`fork_workers`) or
-``spawn`` (vLLM's own way: set it in the environment)."""
+"""How an engine's processes start on a CPU: ``fork`` (engine cores from a fork server,
+``.vllm_processes``, workers from their engine core, :func:`fork_workers`; the default where
+:mod:`.fork_support` allows it) or ``spawn`` (vLLM's own way)."""
 
 _SPAWNED_FLAG = "--multiprocessing-fork"  # multiprocessing's spawn puts it on a child's argv
 _RESOURCE_TRACKER = "from multiprocessing.resource_tracker import main"  # the tracker's -c code
@@ -83,10 +81,9 @@ _boot_dir: str | None = None
 
 
 def engine_environment(*, cpu: bool = False) -> dict[str, str]:
-    """Environment variables for the engine's processes: the boot directory on ``PYTHONPATH``,
-    this process's pid, vLLM's quiet levels (:mod:`.vllm_quiet`) and, on vLLM's CPU platform
-    (``cpu``), :data:`PROCESS_START_VARIABLE` (``fork`` unless the user set it)."""
-    from vllm_inline.engine.seam import vllm_quiet
+    """The engine processes' environment: the boot directory on ``PYTHONPATH``, this pid, vLLM's
+    quiet levels (:mod:`.vllm_quiet`), on a CPU (``cpu``) :data:`PROCESS_START_VARIABLE`."""
+    from vllm_inline.engine.seam import fork_support, vllm_quiet
 
     boot = _boot_directory()
     # Engines that start at once each set this while they spawn: keep one boot entry.
@@ -96,8 +93,9 @@ def engine_environment(*, cpu: bool = False) -> dict[str, str]:
         "PYTHONPATH": os.pathsep.join(p for p in paths if p),
         PARENT_PID_VARIABLE: str(os.getpid()),
     }
-    if cpu:
-        environment[PROCESS_START_VARIABLE] = os.environ.get(PROCESS_START_VARIABLE) or "fork"
+    if cpu:  # the user's choice, else the default (fork_support)
+        start = os.environ.get(PROCESS_START_VARIABLE) or fork_support.default_process_start()
+        environment[PROCESS_START_VARIABLE] = start
     return environment
 
 
@@ -155,7 +153,7 @@ def exit_without_finalization() -> None:
         if exit_code:  # else the child's main did not return: the interpreter's exit as usual
             _exit_through_the_c_library(exit_code[-1])
 
-    spawn._main = _main  # type: ignore[attr-defined]
+    spawn._main = _main
     atexit.register(exit_now)
 
 
@@ -227,7 +225,8 @@ def _bind_the_forked_worker(worker: _ForkedWorker) -> None:
     if cpus:
         os.sched_setaffinity(0, cpus)
     # multiprocessing's fork ends the child with os._exit once the worker's main has returned
-    os._exit = functools.partial(_exit_through_the_c_library, otherwise=os._exit)
+    # Replaced, not wrapped at the call: multiprocessing looks os._exit up when it calls it.
+    os._exit = functools.partial(_exit_through_the_c_library, otherwise=os._exit)  # type: ignore[assignment]
     _watch_parent_pid(worker.grace)
 
 
@@ -290,7 +289,8 @@ def boot_forked(app_sentinel: int | None, grace: float) -> None:
     os.environ[PARENT_PID_VARIABLE] = str(os.getpid())  # for this process's own children
     if app_sentinel is not None:
         _stop_when(functools.partial(select.select, [app_sentinel], [], []), grace)
-    os._exit = functools.partial(_exit_through_the_c_library, otherwise=os._exit)
+    # Replaced, not wrapped at the call: multiprocessing looks os._exit up when it calls it.
+    os._exit = functools.partial(_exit_through_the_c_library, otherwise=os._exit)  # type: ignore[assignment]
     if os.environ.get(PROCESS_START_VARIABLE) == "fork":
         fork_workers(grace)
 

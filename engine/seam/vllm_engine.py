@@ -179,7 +179,8 @@ async def render_chat(
     )
     # The template emits BOS itself, as in vLLM's chat API.
     tok_params = renderer.default_chat_tok_params.with_kwargs(add_special_tokens=False)
-    conversations = [_renderer_copy(messages)]
+    # Checked OpenAI-style dicts (request/messages.py); vLLM types them as its TypedDicts.
+    conversations: list[Any] = [_renderer_copy(messages)]
     if offload:
         _, (engine_input,) = await renderer.render_chat_async(conversations, params, tok_params)
     else:
@@ -219,7 +220,7 @@ def media_limits(llm: AsyncLLM) -> dict[str, Any]:
     multimodal = bool(config.is_multimodal_model) and mm is not None
     return {
         "multimodal": multimodal,
-        "image_limit": mm.get_limit_per_prompt("image") if multimodal else 0,
+        "image_limit": mm.get_limit_per_prompt("image") if mm is not None and multimodal else 0,
         "allowed_local_media_path": config.allowed_local_media_path or "",
         "allowed_media_domains": tuple(config.allowed_media_domains or ()),
     }

@@ -22,7 +22,9 @@ from vllm.tool_parsers import ToolParserManager
 try:
     from vllm.renderers.chat_utils import make_tool_call_id
 except ImportError:  # vLLM < 0.32 keeps it with the server's chat utilities
-    from vllm.entrypoints.chat_utils import make_tool_call_id
+    from vllm.entrypoints.chat_utils import (  # type: ignore[import-not-found,no-redef]
+        make_tool_call_id,
+    )
 
 __all__ = [
     "chat_completion_request",
@@ -63,7 +65,11 @@ def chat_completion_request(
     chat_template_kwargs: Mapping[str, Any],
 ) -> Any:
     """The server request the parsers read: reasoning included, streamed."""
-    return ChatCompletionRequest(
+    # Any: the server's pydantic model, whose fields mypy reads without pydantic's plugin (every
+    # field looks required) and whose message and tool types are the server's TypedDicts; the
+    # checked OpenAI-style dicts are what it validates.
+    request_type: Any = ChatCompletionRequest
+    return request_type(
         model=model,
         messages=messages,
         tools=tools,

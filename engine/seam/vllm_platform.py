@@ -125,7 +125,7 @@ def _gpu_memory() -> tuple[int | None, int | None]:
     try:
         from vllm.utils.import_utils import import_pynvml
 
-        pynvml = import_pynvml()
+        pynvml = import_pynvml()  # type: ignore[no-untyped-call]  # unannotated in vLLM
         pynvml.nvmlInit()
         try:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"

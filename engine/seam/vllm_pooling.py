@@ -29,7 +29,9 @@ from vllm.v1.engine.async_llm import AsyncLLM
 try:
     from vllm.renderers.chat_utils import ChatTemplateConfig
 except ImportError:  # vLLM < 0.32 keeps it with the server's chat utilities
-    from vllm.entrypoints.chat_utils import ChatTemplateConfig
+    from vllm.entrypoints.chat_utils import (  # type: ignore[import-not-found,no-redef]
+        ChatTemplateConfig,
+    )
 
 __all__ = [
     "encode_one",
@@ -132,7 +134,7 @@ async def render_pair(
     """
     processor = _cross_encoders.get(llm)
     if processor is None:
-        processor = _cross_encoders[llm] = CrossEncoderIOProcessor(
+        processor = _cross_encoders[llm] = CrossEncoderIOProcessor(  # type: ignore[no-untyped-call]  # unannotated in vLLM
             vllm_config=llm.vllm_config,
             renderer=llm.renderer,
             chat_template_config=ChatTemplateConfig(),

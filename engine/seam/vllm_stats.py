@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -42,7 +43,7 @@ _metrics_lock = threading.Lock()
 _registry: list[Any] = []  # the registry stat_loggers was given (one per process)
 
 
-def _shared(cls: type, **kwargs: Any) -> Any:
+def _shared(cls: Callable[..., Any], **kwargs: Any) -> Any:
     """The process's ``cls`` metric of this name, created in the shared registry once."""
     name = kwargs["name"]
     labelnames = tuple(kwargs.get("labelnames") or ())
@@ -60,9 +61,10 @@ def _shared(cls: type, **kwargs: Any) -> Any:
 class SharedPrometheusStatLogger(PrometheusStatLogger):
     """vLLM's Prometheus logger, writing to the registry :func:`stat_loggers` was given."""
 
-    _gauge_cls = functools.partial(_shared, Gauge)
-    _counter_cls = functools.partial(_shared, Counter)
-    _histogram_cls = functools.partial(_shared, Histogram)
+    # vLLM only calls these, as factories of its metrics: a partial stands in for the class.
+    _gauge_cls = functools.partial(_shared, Gauge)  # type: ignore[assignment]
+    _counter_cls = functools.partial(_shared, Counter)  # type: ignore[assignment]
+    _histogram_cls = functools.partial(_shared, Histogram)  # type: ignore[assignment]
 
 
 class BookLogger(StatLoggerBase):

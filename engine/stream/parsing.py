@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vllm_inline.engine.errors import BadRequestError
+from vllm_inline.engine.seam.vllm_types import ModelConfig, TokenizerLike
 from vllm_inline.engine.stream.deltas import ToolCallDelta
 
 __all__ = ["DEFAULT_TOOL_PARSERS", "OutputParser", "ParserFactory", "make_parser_factory"]
@@ -105,7 +106,9 @@ class ParserFactory:
 
 
 class _VLLMParserFactory(ParserFactory):
-    def __init__(self, parser_cls: Any, tokenizer: Any, request: Any, model_config: Any) -> None:
+    def __init__(
+        self, parser_cls: Any, tokenizer: TokenizerLike, request: Any, model_config: ModelConfig
+    ) -> None:
         self._parser_cls = parser_cls
         self._tokenizer = tokenizer
         self._model_config = model_config
@@ -185,8 +188,8 @@ def check_parser_name(kind: str, name: Any) -> None:
 
 def make_parser_factory(
     *,
-    tokenizer: Any,
-    model_config: Any,
+    tokenizer: TokenizerLike,
+    model_config: ModelConfig,
     model: str,
     family: str | None,
     messages: list[dict[str, Any]] | None,

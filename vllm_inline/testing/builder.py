@@ -189,11 +189,11 @@ def _one_id(tok: Any, piece: str) -> int:
     ids = tok.encode(piece, add_special_tokens=False).ids
     if len(ids) != 1:
         raise AssertionError(f"script piece {piece!r} is not one token: {ids}")
-    return ids[0]
+    return int(ids[0])
 
 
 def _last_id(tok: Any, text: str) -> int:
-    return tok.encode(text, add_special_tokens=False).ids[-1]
+    return int(tok.encode(text, add_special_tokens=False).ids[-1])
 
 
 def _write_model(sc: Scenario, out: pathlib.Path) -> None:

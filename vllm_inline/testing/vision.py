@@ -96,7 +96,7 @@ def _build_tokenizer() -> Any:
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in _SPECIALS])
     # As in Idefics3's own tokenizer, the tile markers are added tokens but not special ones.
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in _MARKERS])
-    fast = PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # unannotated in transformers
         tokenizer_object=tok,
         bos_token="<|begin_of_text|>",
         eos_token="<end_of_utterance>",
@@ -156,8 +156,10 @@ def _write_model(out: pathlib.Path) -> None:
         tie_word_embeddings=False,
     )
     torch.manual_seed(_SEED)
-    model = Idefics3ForConditionalGeneration(config).to(torch.float32).eval()
-    model.generation_config = GenerationConfig(
+    # transformers leaves these constructors unannotated, and types .to() for its own models.
+    model: Any = Idefics3ForConditionalGeneration(config)  # type: ignore[no-untyped-call]
+    model = model.to(torch.float32).eval()
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call]  # as above
         bos_token_id=ids("<|begin_of_text|>"),
         eos_token_id=ids("<end_of_utterance>"),
         pad_token_id=ids("<end_of_utterance>"),
