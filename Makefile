@@ -26,7 +26,7 @@ KNOWN_CONFLICTS := requires (torchvision|torchaudio|torchcodec), which is not in
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --no-warn-conflicts -e ".[$(VLLM_EXTRA)]"
-	$(PY) -m pip install -q --no-warn-conflicts -e ".[langchain,llama-index,test]"
+	$(PY) -m pip install -q --no-warn-conflicts -e ".[langchain,llama-index,server,test]"
 	if [ "$(VLLM_EXTRA)" = cpu ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec; fi
 	@echo "note: vLLM pins an older setuptools than llama-index-core needs (>=80.9): the newer one is kept, vLLM does not use it at run time (see the Makefile)"
 	@$(PY) -m pip check | grep -vE "$(KNOWN_CONFLICTS)" || true

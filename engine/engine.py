@@ -213,22 +213,21 @@ class Engine:
         truncate: bool = False,
         normalize: bool | None = None,
         batch_size: int = embeddings.DEFAULT_BATCH_SIZE,
+        dimensions: int | None = None,
     ) -> list[list[float]]:
         """Embed ``texts`` on a pooling engine (``get_engine(model, runner="pooling")``).
 
         One vector per text, in order. A text longer than ``max_model_len`` raises
         :class:`ContextLengthExceededError` unless ``truncate=True``; ``normalize`` overrides the
-        model's L2 normalisation. Texts are tokenized ``batch_size`` at a time and all submitted
-        concurrently. Works from any event loop. See :mod:`vllm_inline.engine.pooling.embeddings`.
+        model's L2 normalisation; ``dimensions`` asks a Matryoshka model for shorter vectors.
+        Texts are tokenized ``batch_size`` at a time and all submitted concurrently. Works from
+        any event loop. See :mod:`vllm_inline.engine.pooling.embeddings`.
         """
-        items = embeddings.validate_texts(texts, truncate, normalize, batch_size)
-        if not items:
+        items = embeddings.validate_texts(texts, truncate, normalize, batch_size, dimensions)
+        if not items:  # nothing to embed: the engine is not started for it
             return []
-        return await self._arun(
-            lambda runtime: embeddings.embed(
-                runtime, items, truncate=truncate, normalize=normalize, batch_size=batch_size
-            )
-        )
+        options = embeddings.EmbedOptions(truncate, normalize, batch_size, dimensions)
+        return await self._arun(lambda runtime: embeddings.embed(runtime, items, options))
 
     def embed(
         self,
@@ -237,16 +236,15 @@ class Engine:
         truncate: bool = False,
         normalize: bool | None = None,
         batch_size: int = embeddings.DEFAULT_BATCH_SIZE,
+        dimensions: int | None = None,
     ) -> list[list[float]]:
         """The synchronous form of :meth:`aembed` (same arguments, same vectors)."""
-        items = embeddings.validate_texts(texts, truncate, normalize, batch_size)
-        if not items:
+        items = embeddings.validate_texts(texts, truncate, normalize, batch_size, dimensions)
+        if not items:  # nothing to embed: the engine is not started for it
             return []
+        options = embeddings.EmbedOptions(truncate, normalize, batch_size, dimensions)
         return self._run(
-            lambda runtime: embeddings.embed(
-                runtime, items, truncate=truncate, normalize=normalize, batch_size=batch_size
-            ),
-            instead="engine.aembed(...)",
+            lambda runtime: embeddings.embed(runtime, items, options), instead="engine.aembed(...)"
         )
 
     async def ascore(

@@ -38,7 +38,7 @@ OWN_PROCESSES = (
     "tests/test_langchain_standard.py::TestChatVLLMImageIntegration::",
     "tests/test_observability.py::test_prometheus_metrics_through_the_fastapi_example",
     "tests/test_observability.py::test_priority_runs_a_later_urgent_request_first",
-    "tests/test_openai_server.py::",
+    "tests/test_server.py::",
     "tests/test_reliability.py::test_templateless",
     "tests/test_reliability.py::test_one_log_line_per_engine_start",
     "tests/test_reliability.py::test_engine_death_ends_integration_streams",

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
+from . import __version__, serve
 from .testing import build_scripted_model
 
 if TYPE_CHECKING:
@@ -223,12 +223,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)"
     )
+    help_text = (
+        "the OpenAI-compatible server for chat, embedding and reranker models (vllm_inline.server)"
+    )
+    p = sub.add_parser("serve", help=help_text, description=help_text)
+    serve.add_arguments(p)
+    p.add_argument(
+        "--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)"
+    )
     args = parser.parse_args(argv)
     if args.verbose:
         # The engine keeps vLLM at ERROR unless this is set (vllm_inline/engine/seam/vllm_quiet.py).
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     if args.command == "check":
         return check(args.model, args.vllm_kwargs, args.tool_parser, args.max_tokens)
+    if args.command == "serve":
+        return serve.serve(args)
     return demo(args.model) if args.command == "demo" else chat(args.model)
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from vllm_inline.engine.errors import (
@@ -37,7 +38,13 @@ from vllm_inline.engine.errors import (
 from vllm_inline.engine.life.runtime import Runtime
 from vllm_inline.engine.seam.vllm_types import AsyncLLM
 
-__all__ = ["DEFAULT_BATCH_SIZE", "check_embed_options", "embed", "validate_texts"]
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "EmbedOptions",
+    "check_embed_options",
+    "embed",
+    "validate_texts",
+]
 
 DEFAULT_BATCH_SIZE = 64
 """Texts tokenized per renderer call; ``4 *`` this many requests are in flight at most."""
@@ -49,7 +56,9 @@ _request_ids = itertools.count()
 # -- validation (no engine needed) -------------------------------------------------------------
 
 
-def validate_texts(texts: Any, truncate: Any, normalize: Any, batch_size: Any) -> list[str]:
+def validate_texts(
+    texts: Any, truncate: Any, normalize: Any, batch_size: Any, dimensions: Any = None
+) -> list[str]:
     """The texts of an embedding call as a list; a bad argument is a :class:`BadRequestError`."""
     if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
         raise BadRequestError.invalid(
@@ -58,12 +67,15 @@ def validate_texts(texts: Any, truncate: Any, normalize: Any, batch_size: Any) -
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise BadRequestError.invalid(f"texts[{i}]", text, "a string")
-    check_embed_options(truncate, normalize, batch_size)
+    check_embed_options(truncate, normalize, batch_size, dimensions)
     return list(texts)
 
 
-def check_embed_options(truncate: Any, normalize: Any, batch_size: Any) -> None:
-    """Raise :class:`BadRequestError` for a bad ``truncate``, ``normalize`` or ``batch_size``."""
+def check_embed_options(
+    truncate: Any, normalize: Any, batch_size: Any, dimensions: Any = None
+) -> None:
+    """Raise :class:`BadRequestError` for a bad ``truncate``, ``normalize``, ``batch_size`` or
+    ``dimensions`` (whether the model takes ``dimensions`` at all, vLLM checks)."""
     if not isinstance(truncate, bool):
         raise BadRequestError.invalid("truncate", truncate, "True or False")
     if normalize is not None and not isinstance(normalize, bool):
@@ -72,22 +84,34 @@ def check_embed_options(truncate: Any, normalize: Any, batch_size: Any) -> None:
         )
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise BadRequestError.invalid("batch_size", batch_size, "a positive integer")
+    if dimensions is not None and (
+        isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1
+    ):
+        raise BadRequestError.invalid("dimensions", dimensions, "a positive integer, or None")
 
 
 # -- on the engine loop ------------------------------------------------------------------------
 
 
-async def embed(
-    runtime: Runtime,
-    texts: list[str],
-    *,
-    truncate: bool,
-    normalize: bool | None,
-    batch_size: int,
-) -> list[list[float]]:
+@dataclass(frozen=True)
+class EmbedOptions:
+    """The options of one embedding call, checked (:func:`check_embed_options`)."""
+
+    truncate: bool
+    """Keep the first ``max_model_len`` tokens of an over-long text instead of refusing it."""
+    normalize: bool | None
+    """L2-normalise the vectors (``None``: the model's pooler setting)."""
+    batch_size: int
+    """Texts tokenized at a time."""
+    dimensions: int | None = None
+    """A Matryoshka model's shorter vectors (``None``: the model's full size)."""
+
+
+async def embed(runtime: Runtime, texts: list[str], options: EmbedOptions) -> list[list[float]]:
     """Embed checked ``texts`` (see :func:`validate_texts`); runs on the engine loop."""
     from vllm_inline.engine.seam import vllm_pooling
 
+    truncate, batch_size = options.truncate, options.batch_size
     async with runtime.guard("embedding call", runner="pooling") as llm:
         tasks = await vllm_pooling.supported_tasks(llm)
         if "embed" not in tasks:
@@ -102,7 +126,7 @@ async def embed(
         for start in range(0, len(texts), batch_size):
             batch = texts[start : start + batch_size]
             inputs += await _render(runtime, batch, start, truncate)
-        params = vllm_pooling.make_pooling_params(normalize)
+        params = vllm_pooling.make_pooling_params(options.normalize, options.dimensions)
         limit = batch_size * _BATCHES_IN_FLIGHT
         return await _encode_all(llm, inputs, params, limit)
 

@@ -96,7 +96,7 @@ CONTRACT: tuple[Use, ...] = (
         ),
     ),
     _u("vllm", "envs"),
-    _u("vllm", "PoolingParams", keywords=("task", "use_activation")),
+    _u("vllm", "PoolingParams", keywords=("task", "use_activation", "dimensions")),
     _u("vllm.config", "StructuredOutputsConfig", keywords=("backend", "disable_any_whitespace")),
     _u("vllm.config", "ParallelConfig"),
     _u("vllm.envs", "disable_envs_cache"),

@@ -57,12 +57,13 @@ async def supported_tasks(llm: AsyncLLM) -> tuple[str, ...]:
     return tuple(await llm.get_supported_tasks())
 
 
-def make_pooling_params(normalize: bool | None) -> PoolingParams:
-    """Embedding parameters; ``normalize=None`` keeps the model's pooler setting.
+def make_pooling_params(normalize: bool | None, dimensions: int | None = None) -> PoolingParams:
+    """Embedding parameters; ``normalize=None`` keeps the model's pooler setting, and
+    ``dimensions`` (a Matryoshka model's shorter vectors) is checked by vLLM against the model.
 
     For the ``embed`` task vLLM's ``use_activation`` is the L2 normalisation.
     """
-    return PoolingParams(task="embed", use_activation=normalize)
+    return PoolingParams(task="embed", use_activation=normalize, dimensions=dimensions)
 
 
 async def render_texts(llm: AsyncLLM, texts: Sequence[str], *, truncate: bool) -> list[Any]:

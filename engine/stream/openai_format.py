@@ -7,7 +7,9 @@ For an app that serves the engine over HTTP to OpenAI clients (``examples/openai
   ``finish_reason`` on its last;
 - :func:`usage_chunk` is the extra last chunk of ``stream_options={"include_usage": true}``;
 - :func:`completion_from_deltas` builds the whole ``chat.completion`` from a request's deltas,
-  so the streamed and the non-streamed answer come from the same deltas.
+  so the streamed and the non-streamed answer come from the same deltas;
+- :func:`text_chunk_from_delta` and :func:`text_completion_from_deltas` do the same for the
+  legacy ``text_completion`` (``/v1/completions``), and :func:`usage_chunk` serves both.
 
 Nothing here does I/O or knows the engine: dicts in, dicts out, ready for ``json.dumps``. The
 field names are OpenAI's (``openai.types.chat``). Reasoning text, which OpenAI's API never returns,
@@ -26,6 +28,8 @@ __all__ = [
     "chunk_from_delta",
     "completion_from_deltas",
     "logprobs_dict",
+    "text_chunk_from_delta",
+    "text_completion_from_deltas",
     "usage_chunk",
     "usage_dict",
 ]
@@ -119,11 +123,14 @@ def chunk_from_delta(
     }
 
 
-def usage_chunk(usage: Usage, *, id: str, model: str, created: int) -> dict[str, Any]:
-    """The last chunk of a stream with ``stream_options.include_usage``: no choices, the usage."""
+def usage_chunk(
+    usage: Usage, *, id: str, model: str, created: int, object: str = "chat.completion.chunk"
+) -> dict[str, Any]:
+    """The last chunk of a stream with ``stream_options.include_usage``: no choices, the usage
+    (``object="text_completion"`` for a completions stream)."""
     return {
         "id": id,
-        "object": "chat.completion.chunk",
+        "object": object,
         "created": created,
         "model": model,
         "choices": [],
@@ -196,4 +203,64 @@ def completion_from_deltas(
         "model": model,
         "choices": choices,
         "usage": usage_dict(usage),
+    }
+
+
+def text_chunk_from_delta(
+    delta: Delta, *, id: str, model: str, created: int, index: int | None = None
+) -> dict[str, Any]:
+    """One streamed ``text_completion`` chunk for ``delta`` (``index``: the choice's index in
+    the response, when several prompts share one)."""
+    return {
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": delta.index if index is None else index,
+                "text": delta.text,
+                "logprobs": None,
+                "finish_reason": delta.finish_reason,
+                "stop_reason": delta.stop_reason,
+            }
+        ],
+    }
+
+
+def text_completion_from_deltas(
+    choices: Iterable[Iterable[Delta]], *, id: str, model: str, created: int
+) -> dict[str, Any]:
+    """The whole ``text_completion`` for the deltas of each prompt's request, in order: choice
+    ``i * n + j`` is choice ``j`` of prompt ``i``; usage summed over the prompts."""
+    out: list[dict[str, Any]] = []
+    prompt_tokens = completion_tokens = cached = 0
+    for deltas in choices:
+        texts: dict[int, list[str]] = {}
+        last: dict[int, Delta] = {}
+        for delta in deltas:
+            texts.setdefault(delta.index, []).append(delta.text)
+            last[delta.index] = delta
+            if delta.usage is not None:
+                prompt_tokens += delta.usage.prompt_tokens
+                completion_tokens += delta.usage.completion_tokens
+                cached += delta.usage.cached_tokens
+        base = len(out)
+        for i in sorted(texts):
+            out.append(
+                {
+                    "index": base + i,
+                    "text": "".join(texts[i]),
+                    "logprobs": None,
+                    "finish_reason": last[i].finish_reason,
+                    "stop_reason": last[i].stop_reason,
+                }
+            )
+    return {
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": out,
+        "usage": usage_dict(Usage(prompt_tokens, completion_tokens, cached)),
     }

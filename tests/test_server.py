@@ -1,5 +1,7 @@
-"""``examples/openai_server.py`` over a real socket, read by the official ``openai`` client and by
-langchain-openai's ``ChatOpenAI``, on real engines (scripted models).
+"""``vllm_inline.server`` over a real socket, read by the official ``openai`` client and by
+langchain-openai's ``ChatOpenAI``, on real engines (scripted models): the chat routes, the guard,
+the errors in ``vllm serve``'s shape. The pooling routes, the chat page, other clients and the
+example app are in tests/test_server_*.py and tests/test_examples.py.
 
 The servers run on the suite's shared engines (``vllm_kwargs`` are the scenario's engine options,
 so ``get_engine`` hands out the engine the other modules use): their lifespan finds the engine
@@ -12,15 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import json
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx
@@ -28,10 +26,11 @@ import openai
 import pytest
 
 from vllm_inline.engine import get_engine
+from vllm_inline.server import Limits, create_app
+from vllm_inline.server.guard import Guard
 
 pytestmark = pytest.mark.engine
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "openai_server.py"
 WEATHER_TOOL = {
     "type": "function",
     "function": {
@@ -45,15 +44,6 @@ WEATHER_TOOL = {
     },
 }
 HELLO = [{"role": "user", "content": "Hello"}]
-
-
-def load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("example_openai_server", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @contextlib.contextmanager
@@ -104,7 +94,6 @@ def serve(scripted: Any) -> Iterator[Callable[..., Served]]:
     """``serve("llama3")``: the server of that scenario, stopping another scenario's first;
     ``serve("llama3", api_key=..., max_n=...)``: one with those ``create_app`` options, next to
     the plain one (started first: its lifespan starts the shared engine if no test has yet)."""
-    module = load_example()
     stack = contextlib.ExitStack()
     current: dict[tuple[Any, ...], Served] = {}
 
@@ -117,10 +106,7 @@ def serve(scripted: Any) -> Iterator[Callable[..., Served]]:
                 stack.close()
                 current.clear()
             s = scripted(name)
-            # api_key="": the plain server stays open even where $VLLM_API_KEY is set.
-            app = module.create_app(
-                s.path, vllm_kwargs=s.engine_kwargs, **{"api_key": "", **options}
-            )
+            app = create_app(s.path, vllm_kwargs=s.engine_kwargs, limits=Limits(**options))
             url = stack.enter_context(serving(app, lifespan="off" if options else "on"))
             current[key] = Served(s, url, options.get("api_key"))
         return current[key]
@@ -295,7 +281,8 @@ def test_other_bad_requests_are_openai_shaped(serve: Callable[[str], Served]) ->
     srv = serve("llama3")
     with pytest.raises(openai.NotFoundError) as e:
         srv.client.chat.completions.create(model="gpt-4o", messages=HELLO)
-    assert e.value.code == "model_not_found" and e.value.param == "model"
+    assert e.value.status_code == 404 and e.value.param == "model"
+    assert "The model `gpt-4o` does not exist." in e.value.message
     cases = [
         ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
         ({"messages": HELLO, "tool_choice": "get_time", "tools": [WEATHER_TOOL]}, "tool_choice"),
@@ -310,7 +297,8 @@ def test_other_bad_requests_are_openai_shaped(serve: Callable[[str], Served]) ->
         )
         assert response.status_code == 400, body
         error = response.json()["error"]
-        assert error["type"] == "invalid_request_error" and error["param"] == param
+        assert error["type"] == "BadRequestError" and error["param"] == param
+        assert error["code"] == 400
         assert error["message"]
 
 
@@ -390,15 +378,15 @@ def test_an_api_key_locks_v1_but_not_health(serve: Callable[..., Served]) -> Non
     srv = serve("llama3", **LOCKED)
     with pytest.raises(openai.AuthenticationError) as e:
         srv.client_with("sk-wrong").chat.completions.create(model=srv.model, messages=HELLO)
-    assert e.value.status_code == 401 and e.value.code == "invalid_api_key"
+    assert e.value.status_code == 401
     assert "Unauthorized: the API key is not valid." in e.value.message
     body = {"model": srv.model, "messages": HELLO}
     for headers in ({}, {"Authorization": f"Basic {KEY}"}, {"Authorization": KEY}):
         response = httpx.post(f"{srv.url}/chat/completions", json=body, headers=headers)
         assert response.status_code == 401, headers
         error = response.json()["error"]
-        assert error["type"] == "invalid_request_error" and error["param"] is None
-        assert error["code"] == "invalid_api_key" and error["message"].startswith("Unauthorized")
+        assert error["type"] == "Unauthorized" and error["param"] is None
+        assert error["code"] == 401 and error["message"].startswith("Unauthorized")
         assert response.headers["www-authenticate"] == "Bearer"
     assert httpx.get(f"{srv.url}/models").status_code == 401
     # The key is checked before the body is read: an oversize body without it is a 401.
@@ -418,9 +406,9 @@ def test_an_oversize_body_is_a_413_naming_the_limit(serve: Callable[..., Served]
     big = [{"role": "user", "content": "x" * 5000}]
     with pytest.raises(openai.APIStatusError) as e:
         srv.chat(messages=big)
-    assert e.value.status_code == 413 and e.value.code == "request_too_large"
+    assert e.value.status_code == 413
     assert "limit of 4096 bytes" in e.value.message
-    assert e.value.type == "invalid_request_error"
+    assert e.value.type == "Request Entity Too Large"
 
     # A chunked body has no Content-Length: its bytes are counted as they arrive.
     def chunked(body: dict[str, Any]) -> Iterator[bytes]:
@@ -432,7 +420,7 @@ def test_an_oversize_body_is_a_413_naming_the_limit(serve: Callable[..., Served]
     response = httpx.post(url, content=chunked({"messages": big}), headers=headers, timeout=60)
     assert "content-length" not in response.request.headers
     assert response.status_code == 413
-    assert response.json()["error"]["code"] == "request_too_large"
+    assert response.json()["error"]["code"] == 413
     response = httpx.post(url, content=chunked({"messages": HELLO}), headers=headers, timeout=60)
     assert response.json()["choices"][0]["message"]["content"] == "The answer is complete"
 
@@ -515,7 +503,7 @@ def test_chat_openai_bind_tools_against_the_app(serve: Callable[[str], Served]) 
 
 def guarded(path: str, headers: dict[str, str], messages: list[dict[str, Any]]) -> dict[str, Any]:
     """``messages`` sent through ``Guard(app, KEY, 100)`` to a fake app; what happened."""
-    guard_class = load_example().Guard
+    guard_class = Guard
     seen: list[Any] = []
     incoming = list(messages)
     sent: list[dict[str, Any]] = []
@@ -579,29 +567,29 @@ def test_the_api_key_comes_from_the_flag_else_vllm_api_key(
 ) -> None:
     import uvicorn
 
-    module = load_example()
+    from vllm_inline.cli import main
+
     apps: list[Any] = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: apps.append(app))
     monkeypatch.setenv("VLLM_API_KEY", "from-env")
     path = scripted("llama3").path
-    module.main(["--model", path])
-    module.main(["--model", path, "--api-key", "from-flag"])
-    guards = [m.kwargs for app in apps for m in app.user_middleware if m.cls is module.Guard]
+    assert main(["serve", "--model", path]) == 0
+    assert main(["serve", "--model", path, "--api-key", "from-flag"]) == 0
+    guards = [m.kwargs for app in apps for m in app.user_middleware if m.cls is Guard]
     assert [g["api_key"] for g in guards] == ["from-env", "from-flag"]
     with pytest.raises(ValueError, match=r"max_n=0 is invalid"):
-        module.create_app(path, max_n=0)
+        Limits(max_n=0)
 
 
 async def test_the_lifespan_stops_only_an_engine_it_started(scripted: Any) -> None:
     s = scripted("llama3")
     s.engine.start()  # running already, as for every test on the suite's engines
-    module = load_example()
-    shared = module.create_app(s.path, vllm_kwargs=s.engine_kwargs)
+    shared = create_app(s.path, vllm_kwargs=s.engine_kwargs)
     async with shared.router.lifespan_context(shared):
         assert s.engine.started
     assert s.engine.started  # the suite's engine: other users in this process keep it
     own_options = {**s.engine_kwargs, "max_num_seqs": 3}  # another engine of the same model
-    own = module.create_app(s.path, vllm_kwargs=own_options)
+    own = create_app(s.path, vllm_kwargs=own_options)
     engine = get_engine(s.path, **own_options)
     try:
         assert not engine.started

@@ -1,0 +1,82 @@
+"""``python -m vllm_inline serve``: the OpenAI-compatible server (:mod:`vllm_inline.server`)
+alone, for the models named on the command line, under uvicorn.
+
+The arguments follow ``vllm serve``'s where there is one (``--api-key``, ``--served-model-name``,
+``--host``, ``--port``); the server itself needs the ``server`` extra (FastAPI, uvicorn).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from vllm_inline.testing import build_scripted_model
+
+__all__ = ["add_arguments", "serve"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``serve`` command's arguments."""
+    parser.add_argument(
+        "--model",
+        default=os.environ.get("MODEL") or None,
+        help="chat model: hub id or local path (default: $MODEL, else the embedded demo model)",
+    )
+    parser.add_argument("--embedding-model", help="an embedding model to serve on /v1/embeddings")
+    parser.add_argument("--rerank-model", help="a reranker to serve on /v1/rerank and /v1/score")
+    parser.add_argument(
+        "--served-model-name", help="the id clients send as `model` for the chat model"
+    )
+    parser.add_argument(
+        "--vllm-kwargs",
+        type=json.loads,
+        default=None,
+        help="engine options as JSON, e.g. '{\"max_model_len\": 4096}' (default: the engine's choice)",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("VLLM_API_KEY") or None,
+        help="require `Authorization: Bearer KEY` on /v1 (default: $VLLM_API_KEY)",
+    )
+    parser.add_argument(
+        "--max-body-bytes", type=int, default=1 << 20, help="refuse larger bodies (413; 1 MiB)"
+    )
+    parser.add_argument(
+        "--max-tokens-cap", type=int, help="refuse a larger max_tokens (default: the context)"
+    )
+    parser.add_argument("--max-n", type=int, default=8, help="refuse a larger n (default: 8)")
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Build the app for ``args`` and run it until stopped."""
+    try:
+        import uvicorn
+
+        from vllm_inline.server import Limits, create_app
+    except ImportError as e:
+        print(f"serve needs the server extra: pip install 'vllm-inline[server]' ({e})")
+        return 2
+    chat: Any = args.model or str(build_scripted_model("demo"))
+    if args.served_model_name:
+        from vllm_inline.engine import get_engine
+
+        chat = {args.served_model_name: get_engine(chat, **(args.vllm_kwargs or {}))}
+    limits = Limits(
+        api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes,
+        max_tokens_cap=args.max_tokens_cap,
+        max_n=args.max_n,
+    )
+    app = create_app(
+        chat,
+        embedding=args.embedding_model,
+        rerank=args.rerank_model,
+        limits=limits,
+        vllm_kwargs=args.vllm_kwargs,
+    )
+    uvicorn.run(app, host=args.host, port=args.port)
+    return 0

@@ -1,0 +1,156 @@
+"""The OpenAI-compatible server for the engines an app holds: in the app's own FastAPI app, or
+alone (:func:`create_app`, ``python -m vllm_inline serve``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+from vllm_inline.engine import Engine, get_engine, prometheus_registry, start_engines
+from vllm_inline.server.chat import chat_router
+from vllm_inline.server.errors import error_response, install_error_handlers
+from vllm_inline.server.guard import Guard
+from vllm_inline.server.limits import Limits
+from vllm_inline.server.models import ModelNotFoundError, ServedModel, ServedModels
+from vllm_inline.server.pooling import pooling_router
+
+__all__ = ["OpenAIServer", "create_app"]
+
+
+class OpenAIServer:
+    """``vllm serve``'s routes for the app's engines, ready to install in a FastAPI app::
+
+        server = OpenAIServer(chat=get_engine(chat_model), embedding=..., rerank=...)
+        app = FastAPI(lifespan=server.lifespan)
+        server.install(app)  # /v1/..., /health, /metrics, and the chat page at /
+
+    Each engine is an :class:`~vllm_inline.engine.Engine` (``get_engine(...)``: the app's
+    LangChain and LlamaIndex objects on the same model and options share it) or a mapping of
+    served names to engines. A name defaults to the engine's model.
+    """
+
+    def __init__(
+        self,
+        chat: Engine | Mapping[str, Engine] | None = None,
+        *,
+        embedding: Engine | Mapping[str, Engine] | None = None,
+        rerank: Engine | Mapping[str, Engine] | None = None,
+        limits: Limits | None = None,
+        reasoning_field: str = "reasoning_content",
+        chat_page: bool = True,
+    ) -> None:
+        served = [
+            ServedModel(name, engine, kind)  # type: ignore[arg-type]
+            for kind, given in (("chat", chat), ("embedding", embedding), ("rerank", rerank))
+            for name, engine in _named(given)
+        ]
+        if not served:
+            msg = "OpenAIServer needs at least one engine: chat=, embedding= or rerank=."
+            raise ValueError(msg)
+        self.models = ServedModels(served)
+        """The served models, by the names clients send."""
+        self.limits = limits or Limits()
+        """What the guard refuses before any engine work."""
+        self.reasoning_field = reasoning_field
+        """Where reasoning text goes in a message: ``reasoning_content`` (the name most clients
+        read), or ``reasoning`` as ``vllm serve`` calls it."""
+        self.chat_page = chat_page
+        """Serve the chat page at ``/``."""
+
+    @asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        """Start every engine with the server (together, one memory plan), in a thread so the
+        loop runs meanwhile; at the end stop those it started (an engine already running in
+        the process is shared through ``get_engine`` and stays up for its other users)."""
+        engines = list({id(m.engine): m.engine for m in self.models.all}.values())
+        started_here = [e for e in engines if not e.started]
+        await asyncio.to_thread(start_engines, *engines)
+        try:
+            yield
+        finally:
+            for engine in started_here:
+                await asyncio.to_thread(engine.shutdown)
+
+    def install(self, app: FastAPI) -> None:
+        """Add the routes, the guard and the error handlers to ``app`` (its lifespan must run
+        :meth:`lifespan`, or the engines start on their first request)."""
+        app.add_middleware(
+            Guard, api_key=self.limits.api_key, max_body_bytes=self.limits.max_body_bytes
+        )
+        install_error_handlers(app)
+
+        async def not_found(request: Request, e: Exception) -> JSONResponse:
+            return error_response(404, str(e), "model")
+
+        app.add_exception_handler(ModelNotFoundError, not_found)
+        app.include_router(chat_router(self.models, self.limits, self.reasoning_field))
+        app.include_router(pooling_router(self.models, self.limits))
+        models = self.models
+
+        @app.get("/v1/models")
+        async def list_models() -> dict[str, Any]:
+            return models.cards()
+
+        @app.get("/health")
+        async def health() -> Response:
+            """200 while every engine runs; open without a key, as ``vllm serve``'s."""
+            up = all(m.engine.started for m in models.all)
+            return Response(status_code=200 if up else 503)
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            """vLLM's Prometheus metrics of every engine of the process."""
+            from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+            return Response(generate_latest(prometheus_registry()), media_type=CONTENT_TYPE_LATEST)
+
+        if self.chat_page:
+
+            @app.get("/", response_class=HTMLResponse)
+            async def chat_page() -> HTMLResponse:
+                page = resources.files("vllm_inline.server").joinpath("chat.html").read_text()
+                return HTMLResponse(page)
+
+
+def _named(given: Engine | Mapping[str, Engine] | None) -> Iterable[tuple[str, Engine]]:
+    if given is None:
+        return []
+    if isinstance(given, Engine):
+        return [(given.model, given)]
+    return list(given.items())
+
+
+def create_app(
+    chat: str | Engine | Mapping[str, Engine] | None = None,
+    *,
+    embedding: str | Engine | Mapping[str, Engine] | None = None,
+    rerank: str | Engine | Mapping[str, Engine] | None = None,
+    limits: Limits | None = None,
+    vllm_kwargs: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> FastAPI:
+    """A FastAPI app that is only the server: models given as hub ids or paths get engines
+    (``get_engine(model, **vllm_kwargs)``; embedders and rerankers on vLLM's pooling runner)."""
+
+    def engine(model: Any, runner: str | None) -> Any:
+        if not isinstance(model, str):
+            return model
+        extra = {"runner": runner} if runner else {}
+        return get_engine(model, **{**(vllm_kwargs or {}), **extra})
+
+    server = OpenAIServer(
+        engine(chat, None),
+        embedding=engine(embedding, "pooling"),
+        rerank=engine(rerank, "pooling"),
+        limits=limits,
+        **options,
+    )
+    app = FastAPI(lifespan=server.lifespan, title="vllm-inline")
+    server.install(app)
+    return app

@@ -1,0 +1,221 @@
+"""``/v1/chat/completions`` and ``/v1/completions``: a request body becomes one ``Engine.astream``
+call per prompt, its deltas OpenAI's chunks (``engine/stream/openai_format.py``).
+
+The streamed and the whole answer come from the same deltas. A stream waits for its first delta
+before the 200 goes out, so bad input still gets a 400 (the engine checks the request when the
+stream starts); a client that hangs up at any point cancels the work, which aborts the request
+in vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import aclosing
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from vllm_inline.engine import DEFAULTS, BadRequestError, Delta, Usage, VLLMInlineError
+from vllm_inline.engine.stream.openai_format import (
+    chunk_from_delta,
+    completion_from_deltas,
+    text_chunk_from_delta,
+    text_completion_from_deltas,
+    usage_chunk,
+)
+from vllm_inline.server.errors import error_body, status_of
+from vllm_inline.server.guard import check_caps
+from vllm_inline.server.limits import Limits
+from vllm_inline.server.models import ServedModels
+from vllm_inline.server.requests import chat_kwargs, completion_kwargs, prompts_of
+
+__all__ = ["chat_router", "read_body"]
+
+
+async def read_body(request: Request) -> dict[str, Any]:
+    """The request's JSON object (a 400 naming the problem otherwise)."""
+    try:
+        body = await request.json()
+    except ValueError:
+        raise BadRequestError("The request body is not valid JSON.") from None
+    if not isinstance(body, dict):
+        raise BadRequestError("The request body must be a JSON object.")
+    return body
+
+
+def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> APIRouter:
+    """The two generation routes for the chat models of ``models``."""
+    router = APIRouter()
+
+    def prepare(body: Mapping[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+        check_caps(body, limits.max_tokens_cap, limits.max_n)
+        if limits.max_tokens_cap is not None and "max_tokens" not in kwargs:
+            kwargs["max_tokens"] = min(limits.max_tokens_cap, int(DEFAULTS["max_tokens"]))
+        return kwargs
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        body = await read_body(request)
+        served = models.find("chat", body.get("model"))
+        kwargs = prepare(body, chat_kwargs(body))
+        meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "model": served.name, "created": now()}
+        deltas = served.engine.astream(body.get("messages"), **kwargs)
+        if not body.get("stream"):
+            answer = await until_disconnect(request, collect(deltas))
+            if answer is None:
+                return Response(status_code=499)  # nobody is listening any more
+            return JSONResponse(
+                completion_from_deltas(answer, reasoning_field=reasoning_field, **meta)
+            )
+
+        def chunk(delta: Delta, first: bool, prompt: int) -> dict[str, Any]:
+            return chunk_from_delta(delta, first=first, reasoning_field=reasoning_field, **meta)
+
+        usage = include_usage(body) and usage_chunk
+        return await streamed(
+            request, [deltas], chunk, meta, usage or None, "chat.completion.chunk"
+        )
+
+    @router.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await read_body(request)
+        served = models.find("chat", body.get("model"))
+        kwargs = prepare(body, completion_kwargs(body))
+        prompts = prompts_of(body)
+        meta = {"id": f"cmpl-{uuid.uuid4().hex}", "model": served.name, "created": now()}
+        streams = [served.engine.astream(prompt=p, **kwargs) for p in prompts]
+        if not body.get("stream"):
+            work = asyncio.gather(*(collect(s) for s in streams))
+            answers = await until_disconnect(request, work)
+            if answers is None:
+                return Response(status_code=499)
+            return JSONResponse(text_completion_from_deltas(answers, **meta))
+        n = int(kwargs.get("n") or 1)
+
+        def chunk(delta: Delta, first: bool, prompt: int) -> dict[str, Any]:
+            return text_chunk_from_delta(delta, index=prompt * n + delta.index, **meta)
+
+        usage = include_usage(body) and usage_chunk
+        return await streamed(request, streams, chunk, meta, usage or None, "text_completion")
+
+    return router
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def include_usage(body: Mapping[str, Any]) -> bool:
+    return bool((body.get("stream_options") or {}).get("include_usage"))
+
+
+async def collect(deltas: AsyncIterator[Delta]) -> list[Delta]:
+    """All deltas of a request (the non-streaming answer is built from the same deltas)."""
+    async with aclosing(deltas):  # type: ignore[type-var]  # an async generator
+        return [delta async for delta in deltas]
+
+
+async def until_disconnect(request: Request, work: Any) -> Any:
+    """``work``'s result, or ``None`` once it is cancelled (aborting its engine requests)
+    because the client left first. The body has been read, so the next ASGI message the server
+    has for us is the disconnect."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return None
+    return task.result()
+
+
+async def streamed(
+    request: Request,
+    streams: list[AsyncIterator[Delta]],
+    chunk: Callable[[Delta, bool, int], dict[str, Any]],
+    meta: dict[str, Any],
+    usage: Callable[..., dict[str, Any]] | None,
+    object_name: str,
+) -> Response:
+    """The SSE response for ``streams`` (one per prompt), once each has its first delta."""
+    firsts = await until_disconnect(request, asyncio.gather(*(anext(s) for s in streams)))  # type: ignore[arg-type]
+    if firsts is None:
+        for s in streams:
+            await s.aclose()  # type: ignore[attr-defined]
+        return Response(status_code=499)
+    events = _events(list(zip(firsts, streams)), chunk, meta, usage, object_name)
+    return StreamingResponse(events, media_type="text/event-stream")
+
+
+async def _events(
+    started: list[tuple[Delta, AsyncIterator[Delta]]],
+    chunk: Callable[[Delta, bool, int], dict[str, Any]],
+    meta: dict[str, Any],
+    usage: Callable[..., dict[str, Any]] | None,
+    object_name: str,
+) -> AsyncIterator[str]:
+    """``data: {chunk}`` events of every stream as they come, then the usage (when asked for)
+    and ``data: [DONE]``. When the client disconnects, Starlette cancels this generator, which
+    closes every engine stream and so aborts the requests in vLLM."""
+    queue: asyncio.Queue[tuple[int, Delta | BaseException | None]] = asyncio.Queue()
+
+    async def pump(prompt: int, first: Delta, rest: AsyncIterator[Delta]) -> None:
+        try:
+            await queue.put((prompt, first))
+            async with aclosing(rest):  # type: ignore[type-var]
+                async for delta in rest:
+                    await queue.put((prompt, delta))
+            await queue.put((prompt, None))
+        except Exception as e:  # noqa: BLE001 - reported in the stream, below
+            await queue.put((prompt, e))
+
+    pumps = [asyncio.ensure_future(pump(k, f, r)) for k, (f, r) in enumerate(started)]
+    seen: set[tuple[int, int]] = set()
+    totals = [0, 0, 0]
+    try:
+        open_streams = len(pumps)
+        while open_streams:
+            prompt, item = await queue.get()
+            if item is None:
+                open_streams -= 1
+                continue
+            if isinstance(item, BaseException):
+                # Headers are gone: the error is the stream's last event, as `vllm serve` does.
+                status = status_of(item) if isinstance(item, VLLMInlineError) else 500
+                param = getattr(item, "parameter", None)
+                yield f"data: {json.dumps(error_body(status, str(item), param))}\n\n"
+                break
+            first = (prompt, item.index) not in seen
+            seen.add((prompt, item.index))
+            yield f"data: {json.dumps(chunk(item, first, prompt))}\n\n"
+            if item.usage is not None:
+                for k, value in enumerate(
+                    (
+                        item.usage.prompt_tokens,
+                        item.usage.completion_tokens,
+                        item.usage.cached_tokens,
+                    )
+                ):
+                    totals[k] += value
+        else:
+            if usage is not None:
+                summed = usage(Usage(*totals), object=object_name, **meta)
+                yield f"data: {json.dumps(summed)}\n\n"
+    finally:
+        for p in pumps:
+            p.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,80 @@
+"""The models a server serves: each a name clients send as ``model``, an engine, and what it
+is for (chat and completions, embeddings, or scores)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from vllm_inline.engine import Engine
+
+__all__ = ["ModelNotFoundError", "ServedModel", "ServedModels"]
+
+Kind = Literal["chat", "embedding", "rerank"]
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """One model of the server."""
+
+    name: str
+    """The id clients send as ``model`` and ``/v1/models`` lists."""
+    engine: Engine
+    """The engine that answers for it (shared with the app's own objects on the same model)."""
+    kind: Kind
+    """``chat`` (chat and text completions), ``embedding`` or ``rerank`` (rerank and score)."""
+
+
+class ModelNotFoundError(LookupError):
+    """A request named a model this server does not serve for that route (404)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+        """What to show the client."""
+
+
+class ServedModels:
+    """The server's models, looked up by the name a request sends."""
+
+    def __init__(self, models: Iterable[ServedModel]) -> None:
+        self.all: list[ServedModel] = list(models)
+        """Every served model, in the order given."""
+        names = [m.name for m in self.all]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            msg = f"served model names must differ: {duplicates} given twice"
+            raise ValueError(msg)
+
+    def find(self, kind: Kind, name: Any) -> ServedModel:
+        """The model of ``kind`` named ``name`` (``None``: the first of that kind, as ``vllm
+        serve`` takes a request without ``model``); :class:`ModelNotFoundError` otherwise."""
+        of_kind = [m for m in self.all if m.kind == kind]
+        for model in of_kind:
+            if name is None or model.name == name:
+                return model
+        if any(m.name == name for m in self.all):
+            served = ", ".join(repr(m.name) for m in of_kind) or "none"
+            raise ModelNotFoundError(
+                f"The model `{name}` does not serve this route; models that do: {served}."
+            )
+        raise ModelNotFoundError(f"The model `{name}` does not exist.")
+
+    def cards(self) -> dict[str, Any]:
+        """``/v1/models``: every served model, in ``vllm serve``'s shape."""
+        data = []
+        for model in self.all:
+            runtime = model.engine.runtime if model.engine.started else None
+            data.append(
+                {
+                    "id": model.name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "vllm",
+                    "root": model.engine.model,
+                    "parent": None,
+                    "max_model_len": runtime.max_model_len if runtime is not None else None,
+                }
+            )
+        return {"object": "list", "data": data}
