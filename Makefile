@@ -33,10 +33,21 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -c "import vllm_inline.integrations.langchain, vllm_inline.integrations.llama_index"
 	touch $(STAMP)
 
-# ruff (lint and format) on the whole tree, at the version the `test` extra pins.
+# ruff (lint and format) on the whole tree, then mypy --strict on the package, each at the
+# version the `test` extra pins. mypy cannot follow the editable install's import hook, which maps
+# engine/ and integrations/ under vllm_inline, so it reads the package from a tree of links laid
+# out as the wheel installs it (build/typecheck); its messages name the files in the checkout.
+TYPECHECK_TREE := build/typecheck
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	rm -rf $(TYPECHECK_TREE) && mkdir -p $(TYPECHECK_TREE)
+	cp -rs $(abspath vllm_inline) $(TYPECHECK_TREE)/vllm_inline
+	cp -rs $(abspath engine) $(TYPECHECK_TREE)/vllm_inline/engine
+	cp -rs $(abspath integrations) $(TYPECHECK_TREE)/vllm_inline/integrations
+	set -o pipefail; cd $(TYPECHECK_TREE) && $(abspath $(PY)) -m mypy -p vllm_inline \
+		--config-file $(abspath pyproject.toml) --cache-dir $(abspath .mypy_cache) \
+		| sed -e 's|^vllm_inline/engine/|engine/|' -e 's|^vllm_inline/integrations/|integrations/|'
 
 # One process by default. TEST_WORKERS=2: two pytest-xdist workers, the tests on the shared
 # engines on one, those that start processes or engines of their own on the other

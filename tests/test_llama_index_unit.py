@@ -17,11 +17,11 @@ from llama_index.core.base.llms.types import (
 from vllm_inline.engine import BadRequestError, Delta, ToolCallDelta, Usage
 from vllm_inline.integrations import llama_index as li
 from vllm_inline.integrations.llama_index import VLLM
+from vllm_inline.integrations.llama_index.tools import tool_selections
 from vllm_inline.integrations.llama_index.utils import (
     ResponseBuilder,
     aggregate,
     to_engine_messages,
-    tool_selections,
 )
 
 NO_MODEL = "/nonexistent/vllm-inline-model"  # never started: every error comes first

@@ -24,7 +24,7 @@ import contextvars
 import queue
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import get_config_list
@@ -44,6 +44,16 @@ AInvoke = Callable[..., Awaitable[Any]]
 Config = RunnableConfig | Sequence[RunnableConfig] | None
 
 _END = object()
+
+_T = TypeVar("_T")
+
+
+class _HasAInvoke(Protocol):
+    """What :class:`BatchAtOnce` needs of the ``Runnable`` it is mixed into."""
+
+    def ainvoke(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Awaitable[Any]: ...
 
 
 class _Raised:
@@ -162,11 +172,12 @@ class BatchAtOnce:
     ``ainvoke`` run each (the functions above), instead of LangChain's thread pool.
 
     It declares no attributes: on a pydantic model (every ``Runnable`` model) an annotation
-    here would become a field. ``self.ainvoke`` is the ``Runnable``'s own.
+    here would become a field. ``self.ainvoke`` is the ``Runnable``'s own (hence the
+    methods' ``self`` type, a protocol with just ``ainvoke``).
     """
 
     def batch(
-        self,
+        self: _HasAInvoke,
         inputs: list[Any],
         config: Config = None,
         *,
@@ -178,7 +189,7 @@ class BatchAtOnce:
         thread. Without ``return_exceptions`` the first error is raised after the other
         requests are aborted."""
         return batch(
-            self.ainvoke,  # type: ignore[attr-defined]
+            self.ainvoke,
             inputs,
             config,
             return_exceptions=return_exceptions,
@@ -186,7 +197,7 @@ class BatchAtOnce:
         )
 
     async def abatch(
-        self,
+        self: _HasAInvoke,
         inputs: list[Any],
         config: Config = None,
         *,
@@ -195,7 +206,7 @@ class BatchAtOnce:
     ) -> list[Any]:
         """The async form of :meth:`batch`, on the caller's event loop."""
         return await abatch(
-            self.ainvoke,  # type: ignore[attr-defined]
+            self.ainvoke,
             inputs,
             config,
             return_exceptions=return_exceptions,
@@ -203,7 +214,7 @@ class BatchAtOnce:
         )
 
     def batch_as_completed(
-        self,
+        self: _HasAInvoke,
         inputs: Sequence[Any],
         config: Config = None,
         *,
@@ -213,7 +224,7 @@ class BatchAtOnce:
         """``(index, output)`` pairs of :meth:`batch` as they finish; leaving early aborts the
         requests still running."""
         return batch_as_completed(
-            self.ainvoke,  # type: ignore[attr-defined]
+            self.ainvoke,
             inputs,
             config,
             return_exceptions=return_exceptions,
@@ -221,7 +232,7 @@ class BatchAtOnce:
         )
 
     def abatch_as_completed(
-        self,
+        self: _HasAInvoke,
         inputs: Sequence[Any],
         config: Config = None,
         *,
@@ -230,7 +241,7 @@ class BatchAtOnce:
     ) -> AsyncIterator[tuple[int, Any]]:
         """The async form of :meth:`batch_as_completed`."""
         return abatch_as_completed(
-            self.ainvoke,  # type: ignore[attr-defined]
+            self.ainvoke,
             inputs,
             config,
             return_exceptions=return_exceptions,
@@ -238,7 +249,7 @@ class BatchAtOnce:
         )
 
 
-async def _cancel(tasks: list[asyncio.Future[Any]]) -> None:
+async def _cancel(tasks: Sequence[asyncio.Future[Any]]) -> None:
     """Cancel the tasks still running and wait until they have ended: each one's stream then
     has aborted its engine request (see ``vllm_inline.engine.loop.bridge``)."""
     pending = [t for t in tasks if not t.done()]
@@ -251,7 +262,7 @@ async def _cancel(tasks: list[asyncio.Future[Any]]) -> None:
             task.exception()
 
 
-def _on_own_loop(agen_factory: Callable[[], AsyncIterator[Any]]) -> Iterator[Any]:
+def _on_own_loop(agen_factory: Callable[[], AsyncIterator[_T]]) -> Iterator[_T]:
     """Iterate ``agen_factory()`` on a new event loop in a worker thread, from sync code.
 
     A worker thread, not this one: this thread may already run an event loop (a notebook), and

@@ -1,9 +1,11 @@
 """``ChatVLLM``: a LangChain chat model that runs vLLM in this process.
 
-Streaming is the one path: :meth:`ChatVLLM._astream` turns each engine delta into one
-``AIMessageChunk`` as it arrives, :meth:`ChatVLLM._stream` does the same through the engine's
-synchronous bridge, and ``_generate``/``_agenerate`` aggregate those streams (a final-only
-one, the whole answer as one delta, when no callback wants tokens: :mod:`.token_callbacks`).
+Streaming is the one path (:mod:`.streaming`): :meth:`ChatVLLM._astream` turns each engine
+delta into one ``AIMessageChunk`` as it arrives, :meth:`ChatVLLM._stream` does the same through
+the engine's synchronous bridge, and ``_generate``/``_agenerate`` aggregate those streams (a
+final-only one, the whole answer as one delta, when no callback wants tokens:
+:mod:`.token_callbacks`). Messages go to the engine through the converters of :mod:`.convert`;
+``bind_tools`` and ``with_structured_output`` are built in :mod:`.structured_output`.
 
 >>> from vllm_inline.integrations.langchain import ChatVLLM
 >>> chat = ChatVLLM(model="Qwen/Qwen3-0.6B", reasoning_parser="qwen3", max_tokens=256)
@@ -13,37 +15,25 @@ one, the whole answer as one delta, when no callback wants tokens: :mod:`.token_
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
-from operator import itemgetter
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import LanguageModelInput
-from langchain_core.language_models.chat_models import (
-    BaseChatModel,
-    LangSmithParams,
-    generate_from_stream,
-)
+from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
-from langchain_core.output_parsers.openai_tools import (
-    JsonOutputKeyToolsParser,
-    PydanticToolsParser,
-)
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
-from langchain_core.tools import BaseTool
-from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
-from langchain_core.utils.pydantic import is_basemodel_subclass
+from langchain_core.runnables import Runnable
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, model_validator
 from typing_extensions import Self
 
-from vllm_inline.engine import BadRequestError, Engine, get_engine
-from vllm_inline.engine.request.messages import validate_tool_choice
+from vllm_inline.engine import Engine, get_engine
 from vllm_inline.engine.request.sampling import check_sampling
 
 from .batching import BatchAtOnce
-from .convert import convert_message_to_dict, delta_to_generation_chunk, request_kwargs
+from .convert import convert_message_to_dict, request_kwargs
+from .streaming import EngineCall, aggregate
+from .structured_output import StructuredMethod, ToolLike, structured_output, tool_binding
 from .token_callbacks import wants_tokens
 
 __all__ = ["ChatVLLM"]
@@ -68,8 +58,6 @@ _REQUEST_FIELDS = (
     "timeout",
     "priority",
 )
-
-_Indexed = tuple[int, ChatGenerationChunk]
 
 
 class ChatVLLM(BatchAtOnce, BaseChatModel):
@@ -243,7 +231,7 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
     def get_num_tokens_from_messages(
         self,
         messages: list[BaseMessage],
-        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool] | None = None,
+        tools: Sequence[ToolLike] | None = None,
     ) -> int:
         """The exact prompt size of ``messages`` (and ``tools``): rendered by the model's chat
         template as a call sends them, generation prompt included (starts the engine).
@@ -277,46 +265,15 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
 
     def _prepare(
         self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
-    ) -> tuple[Engine, str, list[dict[str, Any]], dict[str, Any]]:
-        """Engine, model name, wire messages and engine kwargs of one call.
+    ) -> EngineCall:
+        """One call resolved: its engine, model name, wire messages and engine kwargs.
 
         A call's ``model=...`` picks another model's shared engine (same ``vllm_kwargs``).
         """
         model = kwargs.pop("model", None) or self.model
         wire = [convert_message_to_dict(m, f"messages[{i}]") for i, m in enumerate(messages)]
         request = request_kwargs(self._instance_request(), stop, kwargs)
-        return get_engine(model, **self.vllm_kwargs), model, wire, request
-
-    def _chunks(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None,
-        run_manager: CallbackManagerForLLMRun | None,
-        kwargs: dict[str, Any],
-    ) -> Iterator[_Indexed]:
-        """The sync stream: ``(choice index, chunk)`` per engine delta, callback fired (the
-        engine's ``stream=False``, when in ``kwargs``: one delta per choice)."""
-        engine, model, wire, request = self._prepare(messages, stop, kwargs)
-        for delta in engine.stream(wire, **request):
-            chunk = delta_to_generation_chunk(delta, model)
-            if run_manager:
-                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-            yield delta.index, chunk
-
-    async def _achunks(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None,
-        run_manager: AsyncCallbackManagerForLLMRun | None,
-        kwargs: dict[str, Any],
-    ) -> AsyncIterator[_Indexed]:
-        """The async form of :meth:`_chunks`."""
-        engine, model, wire, request = self._prepare(messages, stop, kwargs)
-        async for delta in engine.astream(wire, **request):
-            chunk = delta_to_generation_chunk(delta, model)
-            if run_manager:
-                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-            yield delta.index, chunk
+        return EngineCall(get_engine(model, **self.vllm_kwargs), model, wire, request)
 
     def _stream(
         self,
@@ -325,7 +282,7 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        for _, chunk in self._chunks(messages, stop, run_manager, kwargs):
+        for _, chunk in self._prepare(messages, stop, kwargs).chunks(run_manager):
             yield chunk
 
     async def _astream(
@@ -335,7 +292,7 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        async for _, chunk in self._achunks(messages, stop, run_manager, kwargs):
+        async for _, chunk in self._prepare(messages, stop, kwargs).achunks(run_manager):
             yield chunk
 
     def _generate(
@@ -346,7 +303,8 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         kwargs.setdefault("stream", wants_tokens(run_manager))
-        return self._aggregate(self._chunks(messages, stop, run_manager, kwargs))
+        call = self._prepare(messages, stop, kwargs)
+        return aggregate(call.chunks(run_manager), self.model)
 
     async def _agenerate(
         self,
@@ -356,25 +314,14 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         kwargs.setdefault("stream", wants_tokens(run_manager))
-        chunks = [c async for c in self._achunks(messages, stop, run_manager, kwargs)]
-        return self._aggregate(chunks)
-
-    def _aggregate(self, chunks: Iterable[_Indexed]) -> ChatResult:
-        """One generation per choice, each aggregated from its chunks by LangChain."""
-        by_choice: dict[int, list[ChatGenerationChunk]] = {}
-        for index, chunk in chunks:
-            by_choice.setdefault(index, []).append(chunk)
-        generations = [
-            generate_from_stream(iter(by_choice[i])).generations[0] for i in sorted(by_choice)
-        ]
-        model_name = generations[0].message.response_metadata.get("model_name", self.model)
-        return ChatResult(generations=generations, llm_output={"model_name": model_name})
+        call = self._prepare(messages, stop, kwargs)
+        return aggregate([c async for c in call.achunks(run_manager)], self.model)
 
     # -- tools and structured output -----------------------------------------------------
 
     def bind_tools(
         self,
-        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        tools: Sequence[ToolLike],
         *,
         tool_choice: dict[str, Any] | str | bool | None = None,
         strict: bool | None = None,
@@ -388,16 +335,13 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
         argument schemas (``additionalProperties: false``), so an enforced call has exactly
         the declared arguments.
         """
-        formatted = [convert_to_openai_tool(t, strict=strict) for t in tools]
-        if tool_choice is not None:
-            kwargs["tool_choice"] = validate_tool_choice(tool_choice, formatted)
-        return super().bind(tools=formatted, **kwargs)
+        return super().bind(**tool_binding(tools, tool_choice=tool_choice, strict=strict, **kwargs))
 
     def with_structured_output(
         self,
         schema: dict[str, Any] | type,
         *,
-        method: Literal["json_schema", "function_calling", "json_mode"] = "json_schema",
+        method: StructuredMethod = "json_schema",
         include_raw: bool = False,
         strict: bool | None = None,
         **kwargs: Any,
@@ -414,52 +358,6 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
         if kwargs:
             msg = f"Unexpected arguments for with_structured_output: {sorted(kwargs)}"
             raise ValueError(msg)
-        pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
-        trace = {"ls_structured_output_format": {"kwargs": {"method": method}, "schema": schema}}
-        parser: Runnable[Any, Any]
-        if method == "function_calling":
-            name = convert_to_openai_tool(schema)["function"]["name"]
-            llm = self.bind_tools(
-                [schema], tool_choice=name, strict=True if strict is None else strict, **trace
-            )
-            parser = (
-                PydanticToolsParser(tools=[schema], first_tool_only=True)  # type: ignore[list-item]
-                if pydantic
-                else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
-            )
-        elif method in ("json_schema", "json_mode"):
-            structured = (
-                {"json": _json_schema(schema)} if method == "json_schema" else {"json_object": True}
-            )
-            llm = self.bind(structured_outputs=structured, **trace)
-            parser = (
-                PydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type]
-                if pydantic
-                else JsonOutputParser()
-            )
-        else:
-            msg = (
-                f"method={method!r} is invalid: use 'json_schema', 'function_calling' or "
-                "'json_mode'."
-            )
-            raise BadRequestError(msg, parameter="method", value=method)
-        if not include_raw:
-            return llm | parser
-        parsed = RunnablePassthrough.assign(
-            parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
+        return structured_output(
+            self, schema, method=method, include_raw=include_raw, strict=strict
         )
-        unparsed = RunnablePassthrough.assign(parsed=lambda _: None)
-        return RunnableMap(raw=llm) | parsed.with_fallbacks(
-            [unparsed], exception_key="parsing_error"
-        )
-
-
-def _json_schema(schema: dict[str, Any] | type) -> dict[str, Any]:
-    """The JSON schema of a Pydantic class, a TypedDict, a function schema or a JSON schema."""
-    if isinstance(schema, type) and is_basemodel_subclass(schema):
-        if hasattr(schema, "model_json_schema"):
-            return schema.model_json_schema()
-        return schema.schema()  # pydantic.v1
-    if isinstance(schema, Mapping) and "properties" in schema and "type" in schema:
-        return dict(schema)
-    return convert_to_json_schema(schema)

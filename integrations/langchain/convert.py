@@ -66,12 +66,14 @@ def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
         ) from e
 
 
-def _content(content: str | Sequence[Any], where: str, *, role: str) -> str | list[Any]:
+def _content(
+    content: str | Sequence[str | dict[str, Any]], where: str, *, role: str
+) -> str | list[dict[str, Any]]:
     """A message's content for the engine: a string (text blocks joined with newlines), or,
     when it holds images, a list of OpenAI text and ``image_url`` parts."""
     if isinstance(content, str):
         return content
-    parts: list[Any] = []
+    parts: list[dict[str, Any]] = []
     has_image = False
     for i, block in enumerate(content):
         if isinstance(block, str):

@@ -23,9 +23,7 @@ call's keywords through to ``_generate``).
 
 from __future__ import annotations
 
-from typing import Any
-
-from langchain_core.callbacks import AsyncCallbackHandler
+from langchain_core.callbacks import AsyncCallbackHandler, BaseRunManager
 from langchain_core.callbacks.base import LLMManagerMixin
 
 __all__ = ["wants_tokens"]
@@ -34,7 +32,7 @@ _NO_OP_TOKEN_METHODS = (LLMManagerMixin.on_llm_new_token, AsyncCallbackHandler.o
 """``on_llm_new_token`` of the base handler classes: doing nothing."""
 
 
-def wants_tokens(run_manager: Any) -> bool:
+def wants_tokens(run_manager: BaseRunManager | None) -> bool:
     """True when a handler of the run (``CallbackManagerForLLMRun`` or its async form) would
     see ``on_llm_new_token``: it implements it and does not ignore LLM events."""
     if run_manager is None:

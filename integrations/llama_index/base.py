@@ -4,14 +4,18 @@ One streaming path per side: :meth:`VLLM.stream_chat` iterates :meth:`Engine.str
 :meth:`VLLM.astream_chat` iterates :meth:`Engine.astream`; every other method (non-streaming
 chat, completions, tools, structured outputs) is built on those two, the non-streaming ones
 with the engine's ``stream=False`` (the final answer as one delta: no per-token work).
+
+The class is the LlamaIndex surface; the work is in the modules beside it: :mod:`.request`
+(fields and call arguments into one request), :mod:`.utils` (messages to the engine, deltas
+back as responses), :mod:`.tools` (tool calling), :mod:`.structured` (structured outputs, the
+class ``VLLM`` builds on).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import llama_index.core.instrumentation as instrument
 from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
@@ -22,33 +26,24 @@ from llama_index.core.base.llms.types import (
     CompletionResponseGen,
     LLMMetadata,
     MessageRole,
-    ToolCallBlock,
 )
-from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr
-from llama_index.core.instrumentation.events.llm import (
-    LLMStructuredPredictEndEvent,
-    LLMStructuredPredictStartEvent,
-)
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
-from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
-from llama_index.core.prompts import PromptTemplate
-from llama_index.core.types import Model, PydanticProgramMode
 
-from vllm_inline.engine import BadRequestError, Engine, get_engine
-from vllm_inline.engine.request.sampling import DEFAULTS, check_sampling, layer_sampling
+from vllm_inline.engine import Engine, get_engine
+from vllm_inline.engine.request.sampling import DEFAULTS, check_sampling
 
+from .metadata import MultimodalLLMMetadata, takes_images
+from .request import REQUEST_FIELDS, SAMPLING_FIELDS, request_kwargs
+from .structured import SchemaConstrainedLLM
+from .tools import chat_with_tools_kwargs, keep_first_tool_call, tool_calls_of
 from .utils import (
-    MultimodalLLMMetadata,
-    PartialParser,
     ResponseBuilder,
     aaggregate,
     aggregate,
-    parse_structured,
-    takes_images,
     to_completion_response,
     to_engine_messages,
-    tool_selections,
 )
 
 if TYPE_CHECKING:
@@ -56,24 +51,8 @@ if TYPE_CHECKING:
 
 __all__ = ["VLLM"]
 
-dispatcher = instrument.get_dispatcher(__name__)
 
-_SAMPLING_FIELDS = ("temperature", "max_tokens", "top_p", "repetition_penalty", "stop")
-_REQUEST_OPTIONS = (
-    "tools",
-    "tool_choice",
-    "structured_outputs",
-    "chat_template",
-    "chat_template_kwargs",
-    "tool_parser",
-    "reasoning_parser",
-    "lora",
-    "timeout",
-    "priority",
-)
-
-
-class VLLM(FunctionCallingLLM):
+class VLLM(SchemaConstrainedLLM):
     """vLLM running inside this process, as a LlamaIndex LLM (chat, completion, tools).
 
     Objects on the same ``model`` and ``vllm_kwargs`` (including LangChain ``ChatVLLM`` ones)
@@ -84,7 +63,8 @@ class VLLM(FunctionCallingLLM):
     ...     print(r.delta, end="")
 
     Sampling values left ``None`` fall back to the model's ``generation_config`` and then to
-    vllm-inline's defaults.
+    vllm-inline's defaults. Structured outputs (``structured_predict`` and its forms) are
+    decoded under vLLM's JSON-schema constraint (:class:`~.structured.SchemaConstrainedLLM`).
     """
 
     model: str = Field(description="Model path or hub id.")
@@ -152,7 +132,7 @@ class VLLM(FunctionCallingLLM):
         if model is not None:
             data["model"] = model
         # Refuse bad sampling values with the engine's typed error, before anything starts.
-        check_sampling({k: data[k] for k in _SAMPLING_FIELDS if data.get(k) is not None})
+        check_sampling({k: data[k] for k in SAMPLING_FIELDS if data.get(k) is not None})
         check_sampling(data.get("additional_kwargs") or {})
         super().__init__(**data)
 
@@ -234,35 +214,12 @@ class VLLM(FunctionCallingLLM):
     ) -> dict[str, Any]:
         """Engine arguments for one call: fields under call kwargs (the engine checks them when
         :meth:`_stream` or :meth:`_astream` hands them over, before anything starts)."""
-        kwargs = dict(kwargs)
-        if kwargs.get("stop") is not None and self.stop is not None:
-            raise BadRequestError(
-                "stop was given both to VLLM(...) and to this call; pass it one way.",
-                parameter="stop",
-                value=kwargs["stop"],
-            )
-        options = {k: kwargs.pop(k) for k in _REQUEST_OPTIONS if k in kwargs}
-        fields = {k: getattr(self, k) for k in _SAMPLING_FIELDS}
-        sampling = layer_sampling(fields, self.additional_kwargs, kwargs)
-        if sampling.get("n", 1) != 1:
-            raise BadRequestError.invalid(
-                "n", sampling["n"], "VLLM returns one answer: n must be 1"
-            )
-        request = layer_sampling(
-            {
-                "chat_template": self.chat_template,
-                "chat_template_kwargs": self.chat_template_kwargs,
-                "tool_parser": self.tool_parser,
-                "reasoning_parser": self.reasoning_parser,
-                "lora": self.lora,
-                "timeout": self.timeout,
-                "priority": self.priority,
-            },
-            options,
-            sampling,
+        request = request_kwargs(
+            {k: getattr(self, k) for k in SAMPLING_FIELDS},
+            {k: getattr(self, k) for k in REQUEST_FIELDS},
+            self.additional_kwargs,
+            kwargs,
         )
-        if "lora" in options and options["lora"] is None:
-            request.pop("lora", None)  # a call's lora=None: the base model, whatever the field
         request["stream"] = stream
         if prompt is not None:
             request["prompt"] = prompt
@@ -270,12 +227,12 @@ class VLLM(FunctionCallingLLM):
             request["messages"] = to_engine_messages(messages or [])
         return request
 
-    def _stream(self, request: dict[str, Any]) -> Iterator[ChatResponse]:
+    def _stream(self, request: dict[str, Any]) -> ChatResponseGen:
         """The one sync path: the engine's deltas as cumulative responses (a bad request
         raises here, at the call, not at the first response)."""
         return ResponseBuilder().responses(self.engine.stream(**request))
 
-    def _astream(self, request: dict[str, Any]) -> AsyncIterator[ChatResponse]:
+    def _astream(self, request: dict[str, Any]) -> ChatResponseAsyncGen:
         """The one async path: the engine's deltas as cumulative responses."""
         return ResponseBuilder().aresponses(self.engine.astream(**request))
 
@@ -364,22 +321,14 @@ class VLLM(FunctionCallingLLM):
     ) -> dict[str, Any]:
         """Chat arguments with OpenAI-style tool schemas; ``tool_required`` forces a call
         (the engine constrains the output with structured outputs)."""
-        messages = list(chat_history or [])
-        if isinstance(user_msg, str):
-            user_msg = ChatMessage(role=MessageRole.USER, content=user_msg)
-        if user_msg is not None:
-            messages.append(user_msg)
-        specs = [tool.metadata.to_openai_tool(skip_length_check=True) for tool in tools]
-        if not specs:
-            return {"messages": messages, **kwargs}
-        if tool_required:
-            tool_choice = "required"
-        return {
-            "messages": messages,
-            "tools": specs,
-            "tool_choice": tool_choice if tool_choice is not None else "auto",
-            **kwargs,
-        }
+        return chat_with_tools_kwargs(
+            tools,
+            user_msg,
+            chat_history,
+            tool_required=tool_required,
+            tool_choice=tool_choice,
+            kwargs=kwargs,
+        )
 
     def _validate_chat_with_tools_response(
         self,
@@ -389,129 +338,10 @@ class VLLM(FunctionCallingLLM):
         **kwargs: Any,
     ) -> ChatResponse:
         """Keep only the first tool call unless parallel calls are allowed."""
-        if allow_parallel_tool_calls:
-            return response
-        message = response.message
-        calls = [b for b in message.blocks if isinstance(b, ToolCallBlock)]
-        if len(calls) > 1:
-            message.blocks = [
-                b for b in message.blocks if not isinstance(b, ToolCallBlock)
-            ] + calls[:1]
-            message.additional_kwargs["tool_calls"] = message.additional_kwargs["tool_calls"][:1]
-        return response
+        return response if allow_parallel_tool_calls else keep_first_tool_call(response)
 
     def get_tool_calls_from_response(
         self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any
     ) -> list[ToolSelection]:
         """The tool calls vLLM's tool parser found, as ``ToolSelection`` objects."""
-        selections = tool_selections(response.message.blocks)
-        if not selections and error_on_no_tool_call:
-            msg = (
-                f"Expected at least one tool call, but the model answered with text: "
-                f"{(response.message.content or '')[:200]!r}"
-            )
-            raise ValueError(msg)
-        return selections
-
-    # -- structured outputs ----------------------------------------------------------------
-
-    def _structured_request(
-        self,
-        output_cls: type[BaseModel],
-        prompt: PromptTemplate,
-        llm_kwargs: dict[str, Any] | None,
-        prompt_args: dict[str, Any],
-    ) -> tuple[list[ChatMessage], dict[str, Any]]:
-        messages = self._get_messages(prompt, **prompt_args)
-        kwargs = {
-            **(llm_kwargs or {}),
-            "structured_outputs": {"json": output_cls.model_json_schema()},
-        }
-        return messages, kwargs
-
-    @dispatcher.span
-    def structured_predict(
-        self,
-        output_cls: type[Model],
-        prompt: PromptTemplate,
-        llm_kwargs: dict[str, Any] | None = None,
-        **prompt_args: Any,
-    ) -> Model:
-        """An ``output_cls`` instance, generated under vLLM's JSON-schema constraint."""
-        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
-            return super().structured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
-        dispatcher.event(
-            LLMStructuredPredictStartEvent(
-                output_cls=output_cls, template=prompt, template_args=prompt_args
-            )
-        )
-        messages, kwargs = self._structured_request(output_cls, prompt, llm_kwargs, prompt_args)
-        result = parse_structured(output_cls, self.chat(messages, **kwargs))
-        dispatcher.event(LLMStructuredPredictEndEvent(output=result))
-        return result
-
-    @dispatcher.span
-    async def astructured_predict(
-        self,
-        output_cls: type[Model],
-        prompt: PromptTemplate,
-        llm_kwargs: dict[str, Any] | None = None,
-        **prompt_args: Any,
-    ) -> Model:
-        """Async :meth:`structured_predict`."""
-        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
-            return await super().astructured_predict(output_cls, prompt, llm_kwargs, **prompt_args)
-        dispatcher.event(
-            LLMStructuredPredictStartEvent(
-                output_cls=output_cls, template=prompt, template_args=prompt_args
-            )
-        )
-        messages, kwargs = self._structured_request(output_cls, prompt, llm_kwargs, prompt_args)
-        result = parse_structured(output_cls, await self.achat(messages, **kwargs))
-        dispatcher.event(LLMStructuredPredictEndEvent(output=result))
-        return result
-
-    def _structured_stream_call(
-        self,
-        output_cls: type[Model],
-        prompt: PromptTemplate,
-        llm_kwargs: dict[str, Any] | None = None,
-        **prompt_args: Any,
-    ) -> Any:
-        """Partial objects as the constrained JSON streams (used by ``stream_structured_predict``)."""
-        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
-            return super()._structured_stream_call(output_cls, prompt, llm_kwargs, **prompt_args)
-        messages, kwargs = self._structured_request(output_cls, prompt, llm_kwargs, prompt_args)
-        responses = self.stream_chat(messages, **kwargs)
-
-        def gen() -> Iterator[Any]:
-            parse = PartialParser(self, output_cls)
-            for response in responses:
-                yield parse(response)
-            yield from parse.finish()
-
-        return gen()
-
-    async def _structured_astream_call(
-        self,
-        output_cls: type[Model],
-        prompt: PromptTemplate,
-        llm_kwargs: dict[str, Any] | None = None,
-        **prompt_args: Any,
-    ) -> Any:
-        """Async form of :meth:`_structured_stream_call`."""
-        if self.pydantic_program_mode != PydanticProgramMode.DEFAULT:
-            return await super()._structured_astream_call(
-                output_cls, prompt, llm_kwargs, **prompt_args
-            )
-        messages, kwargs = self._structured_request(output_cls, prompt, llm_kwargs, prompt_args)
-        responses = await self.astream_chat(messages, **kwargs)
-
-        async def gen() -> AsyncIterator[Any]:
-            parse = PartialParser(self, output_cls)
-            async for response in responses:
-                yield parse(response)
-            for final in parse.finish():
-                yield final
-
-        return gen()
+        return tool_calls_of(response, error_on_no_tool_call)

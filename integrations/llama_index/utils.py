@@ -3,16 +3,15 @@
 Nothing here talks to an engine: :func:`to_engine_messages` turns ``ChatMessage`` objects into
 the chat dicts the engine renders with the model's template, :class:`ResponseBuilder` turns the
 engine's :class:`~vllm_inline.engine.Delta` objects into cumulative ``ChatResponse`` objects,
-:func:`aggregate` makes the non-streaming answer of them, :func:`tool_selections` reads the tool
-calls of a response back as ``ToolSelection`` objects, and :func:`parse_structured` /
-:class:`PartialParser` read a structured (JSON-constrained) answer.
+:func:`aggregate` makes the non-streaming answer of them and :func:`to_completion_response` the
+``CompletionResponse`` of one. Reading tool calls back is in :mod:`.tools`, reading structured
+answers in :mod:`.structured`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,32 +20,25 @@ from llama_index.core.base.llms.types import (
     CachePoint,
     ChatMessage,
     ChatResponse,
+    ChatResponseAsyncGen,
+    ChatResponseGen,
     CompletionResponse,
+    ContentBlock,
     ImageBlock,
-    LLMMetadata,
     MessageRole,
     TextBlock,
     ThinkingBlock,
     ToolCallBlock,
 )
-from llama_index.core.bridge.pydantic import BaseModel, Field, ValidationError
-from llama_index.core.llms.llm import ToolSelection
-from llama_index.core.llms.utils import parse_partial_json
-from llama_index.core.types import Model
 
 from vllm_inline.engine import BadRequestError, Delta, Usage
 
 __all__ = [
-    "MultimodalLLMMetadata",
-    "PartialParser",
     "ResponseBuilder",
     "aaggregate",
     "aggregate",
-    "parse_structured",
-    "takes_images",
     "to_completion_response",
     "to_engine_messages",
-    "tool_selections",
     "usage_dict",
 ]
 
@@ -124,7 +116,9 @@ def _to_engine_message(message: ChatMessage, i: int) -> dict[str, Any]:
                 f"a {block.block_type!r} block is not supported; send TextBlock and "
                 "ImageBlock content (audio, video and documents are not supported)",
             )
-    content: Any = parts if has_image else "\n".join(p["text"] for p in parts)
+    content: str | list[dict[str, Any]] = (
+        parts if has_image else "\n".join(p["text"] for p in parts)
+    )
     out: dict[str, Any] = {"role": role, "content": content}
     if role == "assistant":
         legacy = message.additional_kwargs.get("tool_calls")
@@ -163,29 +157,6 @@ def to_engine_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
             "messages is empty: send at least one message.", parameter="messages", value=[]
         )
     return [_to_engine_message(m, i) for i, m in enumerate(messages)]
-
-
-class MultimodalLLMMetadata(LLMMetadata):
-    """``LLMMetadata`` plus whether the model takes images (llama-index-core 0.14 has no field
-    for it; multimodal input goes through ``ImageBlock``s in ``ChatMessage.blocks``)."""
-
-    is_multimodal: bool = Field(
-        default=False,
-        description="True when the model takes ImageBlocks (a vision-language model).",
-    )
-
-
-def takes_images(engine: Any, model: str) -> bool:
-    """Whether ``model`` takes images: the running engine's answer; before it starts, whether the
-    local model directory's ``config.json`` has a ``vision_config`` (a hub id counts as
-    text-only until its engine runs). Starts nothing."""
-    if engine.started:
-        return bool(engine.accepts_images)
-    try:
-        with open(os.path.join(os.path.expanduser(model), "config.json"), encoding="utf-8") as f:
-            return "vision_config" in json.load(f)
-    except (OSError, ValueError):
-        return False
 
 
 # -- engine deltas -> LlamaIndex responses -------------------------------------------------
@@ -269,7 +240,7 @@ class ResponseBuilder:
 
     def message(self) -> ChatMessage:
         """The assistant message so far."""
-        blocks: list[Any] = []
+        blocks: list[ContentBlock] = []
         additional: dict[str, Any] = {}
         if self.reasoning:
             blocks.append(ThinkingBlock(content=self.reasoning))
@@ -293,12 +264,12 @@ class ResponseBuilder:
             ]
         return ChatMessage(role=MessageRole.ASSISTANT, blocks=blocks, additional_kwargs=additional)
 
-    def responses(self, deltas: Iterable[Delta]) -> Iterator[ChatResponse]:
+    def responses(self, deltas: Iterable[Delta]) -> ChatResponseGen:
         """One cumulative response per delta of ``deltas``."""
         for delta in deltas:
             yield self.push(delta)
 
-    async def aresponses(self, deltas: AsyncIterable[Delta]) -> AsyncIterator[ChatResponse]:
+    async def aresponses(self, deltas: AsyncIterable[Delta]) -> ChatResponseAsyncGen:
         """One cumulative response per delta of ``deltas`` (async)."""
         async for delta in deltas:
             yield self.push(delta)
@@ -314,35 +285,7 @@ def to_completion_response(response: ChatResponse) -> CompletionResponse:
     )
 
 
-# -- responses -> tool selections ----------------------------------------------------------
-
-
-def tool_selections(blocks: Iterable[Any]) -> list[ToolSelection]:
-    """The ``ToolCallBlock`` blocks of a message as ``ToolSelection`` objects.
-
-    Arguments still streaming (a JSON fragment) are parsed as far as they go.
-    """
-    selections = []
-    for block in blocks:
-        if not isinstance(block, ToolCallBlock):
-            continue
-        kwargs = block.tool_kwargs
-        if isinstance(kwargs, str):
-            try:
-                kwargs = parse_partial_json(kwargs) if kwargs.strip() else {}
-            except (ValueError, TypeError):
-                kwargs = {}
-        selections.append(
-            ToolSelection(
-                tool_id=block.tool_call_id or block.tool_name,
-                tool_name=block.tool_name,
-                tool_kwargs=kwargs if isinstance(kwargs, dict) else {},
-            )
-        )
-    return selections
-
-
-# -- aggregation and structured answers ---------------------------------------------------
+# -- aggregation --------------------------------------------------------------------------
 
 
 def _final(last: ChatResponse | None) -> ChatResponse:
@@ -368,44 +311,3 @@ async def aaggregate(responses: AsyncIterator[ChatResponse]) -> ChatResponse:
     async for last in responses:
         pass
     return _final(last)
-
-
-def parse_structured(output_cls: type[Model], response: ChatResponse) -> Model:
-    """``output_cls`` validated from the answer's JSON; a clear ``ValueError`` otherwise."""
-    text = response.message.content or ""
-    try:
-        return output_cls.model_validate_json(text)
-    except ValidationError as e:
-        finish = response.additional_kwargs.get("finish_reason")
-        hint = " Raise max_tokens." if finish == "length" else ""
-        msg = f"The model's JSON does not validate as {output_cls.__name__} (finish_reason={finish!r}).{hint} Output: {text[:200]!r}"
-        raise ValueError(msg) from e
-
-
-class PartialParser:
-    """LlamaIndex's partial-JSON parsing of a streaming structured answer."""
-
-    def __init__(self, llm: Any, output_cls: type[BaseModel]) -> None:
-        self._llm = llm
-        self._output_cls = output_cls
-        self._objects: list[Any] | None = None
-        self.last: ChatResponse | None = None
-
-    def __call__(self, response: ChatResponse) -> Any:
-        from llama_index.core.program.utils import process_streaming_objects
-
-        self.last = response
-        obj = process_streaming_objects(
-            response, self._output_cls, cur_objects=self._objects, flexible_mode=True, llm=self._llm
-        )
-        self._objects = obj if isinstance(obj, list) else [obj]
-        return obj
-
-    def finish(self) -> list[Any]:
-        """The validated object, if the last partial one was not complete yet (raises if the
-        whole answer does not validate)."""
-        if self.last is None:
-            return []
-        final = parse_structured(self._output_cls, self.last)
-        done = self._objects is not None and isinstance(self._objects[0], self._output_cls)
-        return [] if done else [final]
