@@ -24,59 +24,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+from measure import best_times
+from texts import random_texts
+
 from vllm_inline.testing import CPU_TEST_ENGINE_KWARGS, build_embedding_model
-
-_WORDS = [
-    "the",
-    "weather",
-    "in",
-    "Oslo",
-    "is",
-    "cold",
-    "and",
-    "snowy",
-    "Paris",
-    "capital",
-    "France",
-    "python",
-    "programming",
-    "language",
-    "cats",
-    "dogs",
-    "pets",
-    "river",
-    "flows",
-    "sea",
-    "train",
-    "leaves",
-    "station",
-    "noon",
-    "mountains",
-    "tall",
-    "bananas",
-    "yellow",
-    "fruit",
-    "retrieval",
-    "models",
-    "fast",
-    "vector",
-    "search",
-    "index",
-    "query",
-    "document",
-    "answer",
-]
-
-
-def make_texts(n: int, words: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(_WORDS) for _ in range(words)) + f" {i}." for i in range(n)]
 
 
 async def _raw_embed(llm: Any, texts: list[str]) -> list[list[float]]:
@@ -112,7 +68,7 @@ def run(
     t0 = time.perf_counter()
     runtime = engine.runtime  # the raw baseline needs the AsyncLLM and its loop
     start_s = time.perf_counter() - t0
-    texts = make_texts(n_texts, words)
+    texts = random_texts(n_texts, words)
     lc = VLLMEmbeddings(model=model, vllm_kwargs=vllm_kwargs)
     li = VLLMEmbedding(model=model, vllm_kwargs=vllm_kwargs)
     assert lc.engine is engine and li.engine is engine
@@ -137,13 +93,7 @@ def run(
             abs(a - b) > 1e-4 for v, r in zip(vectors, reference) for a, b in zip(v, r)
         ):
             raise AssertionError(f"{name}: vectors differ from raw vLLM's")
-    # Rounds interleave the variants, so drift in machine load hits them all alike.
-    best = dict.fromkeys(variants, float("inf"))
-    for _ in range(rounds):
-        for name, fn in variants.items():
-            t = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - t)
+    best = best_times(variants, rounds)  # rounds interleave the variants
     results = {name: n_texts / seconds for name, seconds in best.items()}
     tokens = sum(len(engine.tokenizer.encode(t, add_special_tokens=True)) for t in texts) / n_texts
     raw = next(iter(results.values()))

@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import paths as P
 from measure import Record
 from models import SPECS, build_model
-from run import ENGINE_OPTIONS, _prompt_ids
+from run import ENGINE_OPTIONS
 
 
 def thread_cpu() -> dict[str, float]:
@@ -108,7 +108,7 @@ def main() -> None:
             rec.chunk(chunk.message.content)
         return rec.done(n)
 
-    raw = P.raw_request(runtime.llm, _prompt_ids(model), tokens)
+    raw = P.raw_request(runtime.llm, P.prompt_ids(model), tokens)
     requests: dict[str, Callable[[], Awaitable[Record]]] = {
         "raw AsyncLLM": raw,
         "Engine.astream": P.engine_async(engine, tokens),

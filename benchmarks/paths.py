@@ -14,10 +14,23 @@ from typing import Any
 
 from measure import Record
 
-__all__ = ["MESSAGES", "PATHS", "run_async_load", "run_sync_load", "sampling"]
+__all__ = ["MESSAGES", "PATHS", "prompt_ids", "run_async_load", "run_sync_load", "sampling"]
 
 PROMPT = "Write a short story about a robot."
 MESSAGES = [{"role": "user", "content": PROMPT}]
+
+
+def prompt_ids(model: str) -> list[int]:
+    """:data:`MESSAGES` rendered with ``model``'s chat template (generation prompt added): the
+    token ids the raw path sends."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    return list(
+        tok.apply_chat_template(
+            MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+    )
 
 
 def sampling(tokens: int) -> dict[str, Any]:

