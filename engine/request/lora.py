@@ -25,6 +25,7 @@ from typing import Any
 
 from vllm_inline.engine.errors import BadRequestError
 from vllm_inline.engine.life.runtime import Runtime
+from vllm_inline.engine.seam.vllm_types import LoRARequest
 
 __all__ = ["Adapter", "LoRARegistry", "lora_request"]
 
@@ -107,7 +108,7 @@ class LoRARegistry:
             return adapter
 
 
-async def lora_request(runtime: Runtime, adapter: Adapter | None) -> Any:
+async def lora_request(runtime: Runtime, adapter: Adapter | None) -> LoRARequest | None:
     """vLLM's ``LoRARequest`` for ``adapter`` (or for the base model on the CPU, see
     ``vllm_lora.base_lora_request``), loading the adapter into the engine on first use.
 

@@ -12,16 +12,25 @@ from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "AsyncLLM",
+    "ChatCompletionRequest",
     "IterationStats",
+    "LoRARequest",
     "ModelConfig",
+    "Parser",
+    "PoolingParams",
     "SchedulerStats",
     "TokenizerLike",
 ]
 
 if TYPE_CHECKING:
+    from vllm import PoolingParams
     from vllm.config import ModelConfig
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.lora.request import LoRARequest
+    from vllm.parser.abstract_parser import Parser
     from vllm.tokenizers import TokenizerLike
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.metrics.stats import IterationStats, SchedulerStats
 else:
-    AsyncLLM = IterationStats = ModelConfig = SchedulerStats = TokenizerLike = Any
+    AsyncLLM = ChatCompletionRequest = IterationStats = LoRARequest = ModelConfig = Any
+    Parser = PoolingParams = SchedulerStats = TokenizerLike = Any

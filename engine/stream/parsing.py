@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from vllm_inline.engine.errors import BadRequestError
-from vllm_inline.engine.seam.vllm_types import ModelConfig, TokenizerLike
+from vllm_inline.engine.seam.vllm_types import (
+    ChatCompletionRequest,
+    ModelConfig,
+    Parser,
+    TokenizerLike,
+)
 from vllm_inline.engine.stream.deltas import ToolCallDelta
 
 __all__ = ["DEFAULT_TOOL_PARSERS", "OutputParser", "ParserFactory", "make_parser_factory"]
@@ -45,7 +50,9 @@ class OutputParser:
 class _VLLMOutputParser(OutputParser):
     """One vLLM ``Parser`` per choice, driven by ``parse_delta``."""
 
-    def __init__(self, parser: Any, request: Any, prompt_token_ids: list[int]) -> None:
+    def __init__(
+        self, parser: Parser, request: ChatCompletionRequest, prompt_token_ids: list[int]
+    ) -> None:
         self._parser = parser
         self._request = request
         self._prompt_token_ids: list[int] | None = prompt_token_ids
@@ -107,18 +114,25 @@ class ParserFactory:
 
 class _VLLMParserFactory(ParserFactory):
     def __init__(
-        self, parser_cls: Any, tokenizer: TokenizerLike, request: Any, model_config: ModelConfig
+        self,
+        parser_cls: type[Parser],
+        tokenizer: TokenizerLike,
+        request: ChatCompletionRequest,
+        model_config: ModelConfig,
     ) -> None:
         self._parser_cls = parser_cls
         self._tokenizer = tokenizer
         self._model_config = model_config
+        # vLLM types a parser's tools as those of all its APIs (a list of their union), and
+        # adjust_request as taking and returning either API's request: ours are the chat API's.
+        tools: Any = request.tools
         probe = parser_cls(
             tokenizer,
-            request.tools,
+            tools,
             model_config=model_config,
             chat_template_kwargs=request.chat_template_kwargs or {},
         )
-        self._request = probe.adjust_request(request)
+        self._request = cast(ChatCompletionRequest, probe.adjust_request(request))
         so = self._request.structured_outputs
         if so is not None and so.structural_tag:
             so.structural_tag = _tighten_structural_tag(so.structural_tag)
@@ -140,9 +154,10 @@ class _VLLMParserFactory(ParserFactory):
         self.skip_special_tokens = required_skip_special_tokens(self._request)
 
     def __call__(self, prompt_token_ids: list[int]) -> OutputParser:
+        tools: Any = self._request.tools  # as in __init__
         parser = self._parser_cls(
             self._tokenizer,
-            self._request.tools,
+            tools,
             model_config=self._model_config,
             chat_template_kwargs=self._request.chat_template_kwargs or {},
         )
