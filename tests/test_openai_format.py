@@ -2,7 +2,7 @@
 
 The chunks and completions are also validated against the official ``openai`` SDK's response
 types, which is what its clients parse them into. The end-to-end proof (a real engine behind a
-real socket) is ``test_openai_server.py``.
+real socket) is ``test_server.py``; ``test_server_parity.py`` compares them with ``vllm serve``'s.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from vllm_inline.engine.stream.openai_format import (
     chunk_from_delta,
     completion_from_deltas,
     logprobs_dict,
+    role_chunk,
+    text_chunk_from_delta,
+    text_completion_from_deltas,
     usage_chunk,
     usage_dict,
 )
@@ -31,6 +34,7 @@ def test_exports() -> None:
         "chunk_from_delta",
         "completion_from_deltas",
         "logprobs_dict",
+        "role_chunk",
         "text_chunk_from_delta",
         "text_completion_from_deltas",
         "usage_chunk",
@@ -38,37 +42,56 @@ def test_exports() -> None:
     ]
 
 
-def test_first_chunk_has_the_role_and_later_ones_only_new_text() -> None:
-    first = chunk_from_delta(Delta(text="The"), first=True, **META)
-    later = chunk_from_delta(Delta(text=" answer"), **META)
-    assert first["object"] == "chat.completion.chunk"
-    assert first["choices"] == [
+def test_the_role_chunk_comes_first_and_later_ones_carry_only_new_text() -> None:
+    # vLLM's server: the role with empty content on its own, then the text, token by token.
+    first = role_chunk(1, **META)
+    later = chunk_from_delta(Delta(text=" answer", index=1), **META)
+    assert first == {
+        **META,
+        "object": "chat.completion.chunk",
+        "choices": [
+            {
+                "index": 1,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        ],
+        "prompt_token_ids": None,
+        "prompt_text": None,
+    }
+    assert later["choices"] == [
         {
-            "index": 0,
-            "delta": {"role": "assistant", "content": "The"},
+            "index": 1,
+            "delta": {"content": " answer"},
             "logprobs": None,
             "finish_reason": None,
+            "token_ids": None,
         }
     ]
-    assert later["choices"][0]["delta"] == {"content": " answer"}
     for chunk in (first, later):
         ChatCompletionChunk.model_validate(chunk)
-        assert "usage" not in chunk
+        assert "usage" not in chunk and "system_fingerprint" not in chunk
 
 
-def test_last_chunk_carries_finish_reason_and_an_empty_delta() -> None:
-    last = chunk_from_delta(Delta(finish_reason="stop", usage=Usage(5, 3)), **META)
-    assert last["choices"][0]["delta"] == {}
+def test_last_chunk_carries_finish_and_stop_reason_and_the_fingerprint() -> None:
+    delta = Delta(finish_reason="stop", stop_reason=724, usage=Usage(5, 3))
+    last = chunk_from_delta(delta, system_fingerprint="vllm-x", **META)
+    assert last["choices"][0]["delta"] == {"content": ""}
     assert last["choices"][0]["finish_reason"] == "stop"
+    assert last["choices"][0]["stop_reason"] == 724
+    assert last["system_fingerprint"] == "vllm-x"
     assert ChatCompletionChunk.model_validate(last).choices[0].finish_reason == "stop"
+    # Once a choice has streamed tool calls, an empty delta is empty (vLLM's parser path).
+    after = chunk_from_delta(Delta(finish_reason="tool_calls"), after_tool_calls=True, **META)
+    assert after["choices"][0]["delta"] == {}
+    assert "system_fingerprint" not in after
 
 
-def test_first_chunk_with_no_text_still_sends_role_and_empty_content() -> None:
-    chunk = chunk_from_delta(
-        Delta(tool_calls=(ToolCallDelta(0, "call_1", "f", ""),)), first=True, **META
-    )
-    assert chunk["choices"][0]["delta"]["role"] == "assistant"
-    assert chunk["choices"][0]["delta"]["content"] == ""
+def test_a_tool_call_delta_has_null_content() -> None:
+    chunk = chunk_from_delta(Delta(tool_calls=(ToolCallDelta(0, "call_1", "f", ""),)), **META)
+    assert chunk["choices"][0]["delta"]["content"] is None
+    ChatCompletionChunk.model_validate(chunk)
 
 
 def test_tool_call_fragments() -> None:
@@ -76,7 +99,9 @@ def test_tool_call_fragments() -> None:
         Delta(tool_calls=(ToolCallDelta(0, "call_1", "get_weather", ""),)), **META
     )
     tail = chunk_from_delta(
-        Delta(tool_calls=(ToolCallDelta(0, arguments='{"city": "Oslo"}'),)), **META
+        Delta(tool_calls=(ToolCallDelta(0, arguments='{"city": "Oslo"}'),)),
+        after_tool_calls=True,
+        **META,
     )
     assert head["choices"][0]["delta"]["tool_calls"] == [
         {
@@ -121,39 +146,40 @@ def test_fragments_of_one_call_in_one_delta_are_one_entry() -> None:
 
 def test_reasoning_field_name_is_configurable() -> None:
     delta = Delta(reasoning="Need to think")
-    assert chunk_from_delta(delta, **META)["choices"][0]["delta"] == {
-        "reasoning_content": "Need to think"
-    }
-    assert chunk_from_delta(delta, reasoning_field="reasoning", **META)["choices"][0]["delta"] == {
-        "reasoning": "Need to think"
-    }
+    assert chunk_from_delta(delta, **META)["choices"][0]["delta"] == {"reasoning": "Need to think"}
+    named = chunk_from_delta(delta, reasoning_field="reasoning_content", **META)
+    assert named["choices"][0]["delta"] == {"reasoning_content": "Need to think"}
 
 
 def test_usage() -> None:
-    usage = Usage(prompt_tokens=12, completion_tokens=5)
+    usage = Usage(prompt_tokens=12, completion_tokens=5, cached_tokens=4)
     assert usage_dict(usage) == {
         "prompt_tokens": 12,
-        "completion_tokens": 5,
         "total_tokens": 17,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 4},
+        "completion_tokens_details": None,
     }
-    chunk = usage_chunk(usage, **META)
+    chunk = usage_chunk(usage, system_fingerprint="vllm-x", **META)
     assert chunk["choices"] == [] and chunk["usage"]["total_tokens"] == 17
+    assert "completion_tokens_details" not in chunk["usage"]  # vLLM leaves nulls out there
+    assert chunk["system_fingerprint"] == "vllm-x"
     assert ChatCompletionChunk.model_validate(chunk).usage.completion_tokens == 5
 
 
-def test_logprobs() -> None:
-    lp = TokenLogprob(token="é", token_id=7, logprob=-0.5, top_logprobs=(("a", -1.0),))
-    assert logprobs_dict([lp]) == {
+def test_logprobs_list_the_generated_token_first_as_vllm_serve_does() -> None:
+    alternatives = (("a", -1.0), ("b", float("-inf")))
+    lp = TokenLogprob(token="é", token_id=7, logprob=-0.5, top_logprobs=alternatives)
+    chosen = {"token": "é", "logprob": -0.5, "bytes": [195, 169]}
+    assert logprobs_dict([lp], top=2) == {
         "content": [
-            {
-                "token": "é",
-                "logprob": -0.5,
-                "bytes": [195, 169],
-                "top_logprobs": [{"token": "a", "logprob": -1.0, "bytes": [97]}],
-            }
+            {**chosen, "top_logprobs": [chosen, {"token": "a", "logprob": -1.0, "bytes": [97]}]}
         ]
     }
+    everything = logprobs_dict([lp])["content"][0]["top_logprobs"]
+    assert [e["token"] for e in everything] == ["é", "a", "b"]
+    assert everything[-1]["logprob"] == -9999.0  # clamped, as vLLM's server does: JSON has no inf
+    assert logprobs_dict([lp], top=0)["content"][0]["top_logprobs"] == []
     chunk = chunk_from_delta(Delta(text="é", logprobs=(lp,)), **META)
     ChatCompletionChunk.model_validate(chunk)
 
@@ -169,17 +195,25 @@ def test_completion_joins_text_and_takes_finish_and_usage_from_the_last_delta() 
     assert completion["choices"] == [
         {
             "index": 0,
-            "message": {"role": "assistant", "content": "The answer."},
+            "message": {
+                "role": "assistant",
+                "content": "The answer.",
+                "refusal": None,
+                "annotations": None,
+                "audio": None,
+                "function_call": None,
+                "reasoning": None,
+            },
             "logprobs": None,
             "finish_reason": "stop",
+            "stop_reason": None,
+            "token_ids": None,
         }
     ]
-    assert completion["usage"] == {
-        "prompt_tokens": 9,
-        "completion_tokens": 4,
-        "total_tokens": 13,
-        "prompt_tokens_details": {"cached_tokens": 0},
-    }
+    assert completion["usage"]["total_tokens"] == 13
+    assert completion["usage"]["completion_tokens_details"] is None
+    for field in ("service_tier", "prompt_logprobs", "prompt_token_ids", "prompt_text"):
+        assert completion[field] is None
     ChatCompletion.model_validate(completion)
 
 
@@ -236,4 +270,18 @@ def test_completion_keeps_reasoning_apart() -> None:
         Delta(text="42", finish_reason="stop"),
     ]
     message = completion_from_deltas(deltas, **META)["choices"][0]["message"]
-    assert message == {"role": "assistant", "content": "42", "reasoning_content": "Need to think"}
+    assert message["content"] == "42" and message["reasoning"] == "Need to think"
+    named = completion_from_deltas(deltas, reasoning_field="reasoning_content", **META)
+    assert named["choices"][0]["message"]["reasoning_content"] == "Need to think"
+
+
+def test_text_completion_chunks_and_whole() -> None:
+    deltas = [Delta(text=" there"), Delta(text=".", finish_reason="stop", usage=Usage(4, 2))]
+    chunks = [text_chunk_from_delta(d, system_fingerprint="vllm-x", **META) for d in deltas]
+    keys = {"index", "text", "logprobs", "finish_reason", "stop_reason", "token_ids"}
+    assert [set(c["choices"][0]) for c in chunks] == [keys | {"prompt_token_ids"}] * 2
+    assert ["system_fingerprint" in c for c in chunks] == [False, True]
+    whole = text_completion_from_deltas([deltas], system_fingerprint="vllm-x", **META)
+    assert whole["choices"][0]["text"] == " there."
+    assert whole["system_fingerprint"] == "vllm-x" and whole["service_tier"] is None
+    assert whole["usage"]["total_tokens"] == 6

@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,6 +22,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from serving import serving
 
 from vllm_inline.engine import get_engine
 from vllm_inline.server import Limits, create_app
@@ -44,30 +43,6 @@ WEATHER_TOOL = {
     },
 }
 HELLO = [{"role": "user", "content": "Hello"}]
-
-
-@contextlib.contextmanager
-def serving(app: Any, lifespan: str = "on") -> Iterator[str]:
-    """Serve ``app`` with uvicorn on 127.0.0.1 in a thread; yields the ``/v1`` base URL."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan=lifespan))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 180  # the lifespan starts the engine
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)
-        sock.close()
-    assert not thread.is_alive()
 
 
 class Served:
@@ -107,7 +82,7 @@ def serve(scripted: Any) -> Iterator[Callable[..., Served]]:
                 current.clear()
             s = scripted(name)
             app = create_app(s.path, vllm_kwargs=s.engine_kwargs, limits=Limits(**options))
-            url = stack.enter_context(serving(app, lifespan="off" if options else "on"))
+            url = stack.enter_context(serving(app, lifespan="off" if options else "on")) + "/v1"
             current[key] = Served(s, url, options.get("api_key"))
         return current[key]
 

@@ -151,7 +151,7 @@ def test_openai_rerank_and_score_through_post(app: App) -> None:
     assert [r["relevance_score"] for r in ranked["results"]] == pytest.approx(
         [expected[i] for i in order[:2]]
     )
-    assert ranked["results"][0]["document"] == {"text": DOCS[order[0]]}
+    assert ranked["results"][0]["document"]["text"] == DOCS[order[0]]
     scored = app.client.post(
         "/score", body={"model": "reranker", "text_1": QUERY, "text_2": DOCS}, cast_to=object
     )

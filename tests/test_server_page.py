@@ -21,6 +21,7 @@ import pytest
 from serving import serving
 
 from vllm_inline.server import Limits, create_app
+from vllm_inline.testing import build_embedding_model
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -58,9 +59,12 @@ def demo(scripted: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def url(demo: Any) -> Iterator[str]:
-    """The page's server on the ``demo`` engine (started by its lifespan)."""
-    with serving(create_app(demo.path, vllm_kwargs=demo.engine_kwargs)) as base:
+def url(demo: Any, scripted_root: Path) -> Iterator[str]:
+    """The page's server on the ``demo`` engine and an embedder (started by its lifespan): the
+    page lists the chat model only."""
+    embedder = str(build_embedding_model(scripted_root))
+    app = create_app(demo.path, embedding=embedder, vllm_kwargs=demo.engine_kwargs)
+    with serving(app) as base:
         yield base
 
 

@@ -4,6 +4,7 @@ alone (:func:`create_app`, ``python -m vllm_inline serve``)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -42,7 +43,7 @@ class OpenAIServer:
         embedding: Engine | Mapping[str, Engine] | None = None,
         rerank: Engine | Mapping[str, Engine] | None = None,
         limits: Limits | None = None,
-        reasoning_field: str = "reasoning_content",
+        reasoning_field: str = "reasoning",
         chat_page: bool = True,
     ) -> None:
         served = [
@@ -58,8 +59,8 @@ class OpenAIServer:
         self.limits = limits or Limits()
         """What the guard refuses before any engine work."""
         self.reasoning_field = reasoning_field
-        """Where reasoning text goes in a message: ``reasoning_content`` (the name most clients
-        read), or ``reasoning`` as ``vllm serve`` calls it."""
+        """Where reasoning text goes in a message: ``reasoning``, as ``vllm serve`` sends it
+        (vLLM 0.32), or ``reasoning_content`` for clients that read DeepSeek's name."""
         self.chat_page = chat_page
         """Serve the chat page at ``/``."""
 
@@ -111,10 +112,14 @@ class OpenAIServer:
             return Response(generate_latest(prometheus_registry()), media_type=CONTENT_TYPE_LATEST)
 
         if self.chat_page:
+            chat_names = [m.name for m in models.all if m.kind == "chat"]
 
             @app.get("/", response_class=HTMLResponse)
             async def chat_page() -> HTMLResponse:
+                # The chat models' names, for the page's model list (/v1/models lists every
+                # model, as vllm serve's does, without saying which ones chat).
                 page = resources.files("vllm_inline.server").joinpath("chat.html").read_text()
+                page = page.replace("__CHAT_MODELS__", json.dumps(chat_names).replace("</", "<\\/"))
                 return HTMLResponse(page)
 
 

@@ -13,22 +13,30 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import aclosing, contextmanager
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from vllm_inline.engine import DEFAULTS, BadRequestError, Delta, Usage, VLLMInlineError
+from vllm_inline.engine import (
+    DEFAULTS,
+    ContextLengthExceededError,
+    Delta,
+    Usage,
+    VLLMInlineError,
+)
 from vllm_inline.engine.stream.openai_format import (
     chunk_from_delta,
     completion_from_deltas,
+    role_chunk,
     text_chunk_from_delta,
     text_completion_from_deltas,
     usage_chunk,
 )
-from vllm_inline.server.errors import error_body, status_of
+from vllm_inline.server.errors import InvalidBodyError, error_body, status_of
 from vllm_inline.server.guard import check_caps
 from vllm_inline.server.limits import Limits
 from vllm_inline.server.models import ServedModels
@@ -41,10 +49,10 @@ async def read_body(request: Request) -> dict[str, Any]:
     """The request's JSON object (a 400 naming the problem otherwise)."""
     try:
         body = await request.json()
-    except ValueError:
-        raise BadRequestError("The request body is not valid JSON.") from None
+    except ValueError as e:
+        raise InvalidBodyError("body", f"not valid JSON ({e})") from None
     if not isinstance(body, dict):
-        raise BadRequestError("The request body must be a JSON object.")
+        raise InvalidBodyError("body", "not a JSON object")
     return body
 
 
@@ -63,23 +71,47 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
         body = await read_body(request)
         served = models.find("chat", body.get("model"))
         kwargs = prepare(body, chat_kwargs(body))
-        meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "model": served.name, "created": now()}
+        meta: dict[str, Any] = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "model": served.name,
+            "created": now(),
+        }
+        top_logprobs = kwargs.get("logprobs")
         deltas = served.engine.astream(body.get("messages"), **kwargs)
         if not body.get("stream"):
             answer = await until_disconnect(request, collect(deltas))
             if answer is None:
                 return Response(status_code=499)  # nobody is listening any more
-            return JSONResponse(
-                completion_from_deltas(answer, reasoning_field=reasoning_field, **meta)
+            whole = completion_from_deltas(
+                answer,
+                reasoning_field=reasoning_field,
+                top_logprobs=top_logprobs,
+                system_fingerprint=served.fingerprint,
+                **meta,
             )
+            return JSONResponse(whole)
+        usage = include_usage(body)
+        # As `vllm serve`: the fingerprint ends the stream, on the usage chunk when there is one.
+        fingerprint = None if usage else served.fingerprint
+        tool_calls_sent: set[int] = set()
 
-        def chunk(delta: Delta, first: bool, prompt: int) -> dict[str, Any]:
-            return chunk_from_delta(delta, first=first, reasoning_field=reasoning_field, **meta)
+        def chunks(delta: Delta, first: bool, prompt: int) -> list[dict[str, Any]]:
+            """The role chunk first (as `vllm serve` sends it), then the delta's."""
+            after_tool_calls = delta.index in tool_calls_sent
+            if delta.tool_calls:
+                tool_calls_sent.add(delta.index)
+            chunk = chunk_from_delta(
+                delta,
+                reasoning_field=reasoning_field,
+                after_tool_calls=after_tool_calls,
+                top_logprobs=top_logprobs,
+                system_fingerprint=fingerprint,
+                **meta,
+            )
+            return [role_chunk(delta.index, **meta), chunk] if first else [chunk]
 
-        usage = include_usage(body) and usage_chunk
-        return await streamed(
-            request, [deltas], chunk, meta, usage or None, "chat.completion.chunk"
-        )
+        ending = partial(usage_chunk, system_fingerprint=served.fingerprint) if usage else None
+        return await streamed(request, [deltas], chunks, meta, ending, "chat.completion.chunk")
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -87,27 +119,52 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
         served = models.find("chat", body.get("model"))
         kwargs = prepare(body, completion_kwargs(body))
         prompts = prompts_of(body)
-        meta = {"id": f"cmpl-{uuid.uuid4().hex}", "model": served.name, "created": now()}
+        meta: dict[str, Any] = {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "model": served.name,
+            "created": now(),
+        }
         streams = [served.engine.astream(prompt=p, **kwargs) for p in prompts]
         if not body.get("stream"):
             work = asyncio.gather(*(collect(s) for s in streams))
-            answers = await until_disconnect(request, work)
+            with prompt_too_long():
+                answers = await until_disconnect(request, work)
             if answers is None:
                 return Response(status_code=499)
-            return JSONResponse(text_completion_from_deltas(answers, **meta))
+            whole = text_completion_from_deltas(
+                answers, system_fingerprint=served.fingerprint, **meta
+            )
+            return JSONResponse(whole)
         n = int(kwargs.get("n") or 1)
+        usage = include_usage(body)
+        fingerprint = None if usage else served.fingerprint
 
-        def chunk(delta: Delta, first: bool, prompt: int) -> dict[str, Any]:
-            return text_chunk_from_delta(delta, index=prompt * n + delta.index, **meta)
+        def chunks(delta: Delta, first: bool, prompt: int) -> list[dict[str, Any]]:
+            index = prompt * n + delta.index
+            return [
+                text_chunk_from_delta(delta, index=index, system_fingerprint=fingerprint, **meta)
+            ]
 
-        usage = include_usage(body) and usage_chunk
-        return await streamed(request, streams, chunk, meta, usage or None, "text_completion")
+        ending = partial(usage_chunk, system_fingerprint=served.fingerprint) if usage else None
+        with prompt_too_long():
+            return await streamed(request, streams, chunks, meta, ending, "text_completion")
 
     return router
 
 
 def now() -> int:
     return int(time.time())
+
+
+@contextmanager
+def prompt_too_long() -> Iterator[None]:
+    """An over-long prompt of ``/v1/completions``: the engine names ``messages`` (its chat
+    argument), the body has it as ``prompt``."""
+    try:
+        yield
+    except ContextLengthExceededError as e:
+        e.parameter = "prompt"
+        raise
 
 
 def include_usage(body: Mapping[str, Any]) -> bool:
@@ -145,24 +202,24 @@ async def until_disconnect(request: Request, work: Any) -> Any:
 async def streamed(
     request: Request,
     streams: list[AsyncIterator[Delta]],
-    chunk: Callable[[Delta, bool, int], dict[str, Any]],
+    chunks: Callable[[Delta, bool, int], list[dict[str, Any]]],
     meta: dict[str, Any],
     usage: Callable[..., dict[str, Any]] | None,
     object_name: str,
 ) -> Response:
     """The SSE response for ``streams`` (one per prompt), once each has its first delta."""
-    firsts = await until_disconnect(request, asyncio.gather(*(anext(s) for s in streams)))  # type: ignore[arg-type]
+    firsts = await until_disconnect(request, asyncio.gather(*(anext(s) for s in streams)))
     if firsts is None:
         for s in streams:
             await s.aclose()  # type: ignore[attr-defined]
         return Response(status_code=499)
-    events = _events(list(zip(firsts, streams)), chunk, meta, usage, object_name)
+    events = _events(list(zip(firsts, streams)), chunks, meta, usage, object_name)
     return StreamingResponse(events, media_type="text/event-stream")
 
 
 async def _events(
     started: list[tuple[Delta, AsyncIterator[Delta]]],
-    chunk: Callable[[Delta, bool, int], dict[str, Any]],
+    chunks: Callable[[Delta, bool, int], list[dict[str, Any]]],
     meta: dict[str, Any],
     usage: Callable[..., dict[str, Any]] | None,
     object_name: str,
@@ -200,7 +257,8 @@ async def _events(
                 break
             first = (prompt, item.index) not in seen
             seen.add((prompt, item.index))
-            yield f"data: {json.dumps(chunk(item, first, prompt))}\n\n"
+            for event in chunks(item, first, prompt):
+                yield f"data: {json.dumps(event)}\n\n"
             if item.usage is not None:
                 for k, value in enumerate(
                     (

@@ -1,6 +1,10 @@
 """Errors on the wire, in ``vllm serve``'s shape: ``{"error": {"message", "type", "param",
-"code"}}`` with the HTTP status as ``code`` and its phrase as ``type`` (``BadRequestError``,
-``NotFoundError``, ...), which OpenAI clients read as they read OpenAI's own."""
+"code"}}`` with the HTTP status as ``code`` and vLLM's name for it as ``type``
+(``BadRequestError``, ``NotFoundError``, ...), which OpenAI clients read as they read OpenAI's
+own. As in ``vllm serve``, a body that does not have the request's shape (not JSON, a required
+field missing, a tool without a function name) is ``"type": "Bad Request"`` with the field's
+place in the body as ``param`` (``body.tools.0.function``): FastAPI's validation error there;
+a bad value in a well-formed body is ``BadRequestError``."""
 
 from __future__ import annotations
 
@@ -19,7 +23,13 @@ from vllm_inline.engine import (
     RequestTimeoutError,
 )
 
-__all__ = ["error_body", "error_response", "install_error_handlers", "status_of"]
+__all__ = [
+    "InvalidBodyError",
+    "error_body",
+    "error_response",
+    "install_error_handlers",
+    "status_of",
+]
 
 _TYPES = {
     400: "BadRequestError",
@@ -31,15 +41,31 @@ _TYPES = {
 }
 
 
-def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+BODY_ERROR_TYPE = HTTPStatus.BAD_REQUEST.phrase
+"""``"Bad Request"``: the ``type`` of a body that does not validate, as ``vllm serve`` has it."""
+
+
+class InvalidBodyError(BadRequestError):
+    """The body does not have the request's shape (400, ``"type": "Bad Request"``);
+    ``parameter`` is the field's place in the body, ``body.tools.0.function.name``."""
+
+    def __init__(self, place: str, problem: str) -> None:
+        super().__init__(f"{place}: {problem}", parameter=place)
+
+
+def error_body(
+    status: int, message: str, param: str | None = None, kind: str | None = None
+) -> dict[str, Any]:
     """The error object ``vllm serve`` sends (also inside a stream, as its last event)."""
-    kind = _TYPES.get(status) or HTTPStatus(status).phrase
+    kind = kind or _TYPES.get(status) or HTTPStatus(status).phrase
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
-def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+def error_response(
+    status: int, message: str, param: str | None = None, kind: str | None = None
+) -> JSONResponse:
     """:func:`error_body` as a response with ``status``."""
-    return JSONResponse(error_body(status, message, param), status_code=status)
+    return JSONResponse(error_body(status, message, param, kind), status_code=status)
 
 
 def status_of(error: Exception) -> int:
@@ -57,13 +83,14 @@ def install_error_handlers(app: FastAPI) -> None:
     """The engine's typed errors, and FastAPI's own validation errors, as :func:`error_body`."""
 
     async def typed(request: Request, e: Exception) -> JSONResponse:
-        return error_response(status_of(e), str(e), getattr(e, "parameter", None))
+        kind = BODY_ERROR_TYPE if isinstance(e, InvalidBodyError) else None
+        return error_response(status_of(e), str(e), getattr(e, "parameter", None), kind)
 
     async def invalid(request: Request, e: Exception) -> JSONResponse:
         errors = e.errors() if isinstance(e, RequestValidationError) else []
         first = errors[0] if errors else {}
-        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return error_response(400, str(first.get("msg") or e), param)
+        param = ".".join(str(p) for p in first.get("loc", ())) or None
+        return error_response(400, str(first.get("msg") or e), param, BODY_ERROR_TYPE)
 
     for kind in (
         BadRequestError,

@@ -3,8 +3,12 @@ is for (chat and completions, embeddings, or scores)."""
 
 from __future__ import annotations
 
+import hashlib
+import time
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 from vllm_inline.engine import Engine
@@ -24,6 +28,16 @@ class ServedModel:
     """The engine that answers for it (shared with the app's own objects on the same model)."""
     kind: Kind
     """``chat`` (chat and text completions), ``embedding`` or ``rerank`` (rerank and score)."""
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """``system_fingerprint``, as ``vllm serve`` builds it: ``vllm-<version>-<hash>``, the
+        hash of the model and its engine options (what changes the answers)."""
+        from vllm_inline.engine.seam.versions import installed_vllm
+
+        version = (installed_vllm() or ("vllm", "unknown"))[1]
+        options = repr((self.engine.model, sorted(self.engine.vllm_kwargs.items())))
+        return f"vllm-{version}-{hashlib.sha256(options.encode()).hexdigest()[:8]}"
 
 
 class ModelNotFoundError(LookupError):
@@ -64,17 +78,37 @@ class ServedModels:
     def cards(self) -> dict[str, Any]:
         """``/v1/models``: every served model, in ``vllm serve``'s shape."""
         data = []
+        created = int(time.time())
         for model in self.all:
             runtime = model.engine.runtime if model.engine.started else None
             data.append(
                 {
                     "id": model.name,
                     "object": "model",
-                    "created": 0,
+                    "created": created,
                     "owned_by": "vllm",
                     "root": model.engine.model,
                     "parent": None,
                     "max_model_len": runtime.max_model_len if runtime is not None else None,
+                    "permission": [_permission(created)],
                 }
             )
         return {"object": "list", "data": data}
+
+
+def _permission(created: int) -> dict[str, Any]:
+    """``vllm serve``'s one model permission: anyone may sample it and read logprobs."""
+    return {
+        "id": f"modelperm-{uuid.uuid4().hex[:16]}",
+        "object": "model_permission",
+        "created": created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }

@@ -39,12 +39,17 @@ def pooling_router(models: ServedModels, limits: Limits) -> APIRouter:
         encoding = body.get("encoding_format") or "float"
         if encoding not in ("float", "base64"):
             raise BadRequestError.invalid("encoding_format", encoding, "'float' or 'base64'")
-        vectors = await served.engine.aembed(
-            texts,
-            truncate=_truncate(body),
-            normalize=body.get("normalize"),
-            dimensions=body.get("dimensions"),
-        )
+        try:
+            vectors = await served.engine.aembed(
+                texts,
+                truncate=_truncate(body),
+                normalize=body.get("normalize"),
+                dimensions=body.get("dimensions"),
+            )
+        except BadRequestError as e:  # named as the engine's call names it: texts[0]
+            if e.parameter and e.parameter.startswith("texts"):
+                e.parameter = "input" + e.parameter.removeprefix("texts")
+            raise
         tokens = sum(await _token_counts(served.engine, texts))
         data = [
             {"index": i, "object": "embedding", "embedding": _encode(vector, encoding)}
@@ -78,13 +83,17 @@ def pooling_router(models: ServedModels, limits: Limits) -> APIRouter:
         tokens = sum(await _token_counts(served.engine, documents, query))
         ranked = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)[:top_n]
         results = [
-            {"index": i, "document": {"text": documents[i]}, "relevance_score": scores[i]}
+            {
+                "index": i,
+                "document": {"text": documents[i], "multi_modal": None},
+                "relevance_score": scores[i],
+            }
             for i in ranked
         ]
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         return JSONResponse(
             {
-                "id": f"rerank-{uuid.uuid4().hex}",
+                "id": f"score-{uuid.uuid4().hex}",  # as `vllm serve` names a rerank
                 "model": served.name,
                 "usage": usage,
                 "results": results,
@@ -180,6 +189,7 @@ def _usage(tokens: int) -> dict[str, Any]:
         "total_tokens": tokens,
         "completion_tokens": 0,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
 
 

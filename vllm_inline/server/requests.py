@@ -1,5 +1,7 @@
 """An OpenAI request body as the engine's call: the names and shapes translated, the values left
-for the engine to check (a bad one raises :class:`BadRequestError` naming it, a 400)."""
+for the engine to check (a bad one raises :class:`BadRequestError` naming it, a 400). A body
+without the request's shape (no ``messages``, a tool that is no function) is refused here, as
+``vllm serve``'s request model refuses it (:class:`~vllm_inline.server.errors.InvalidBodyError`)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_inline.engine import BadRequestError
+from vllm_inline.server.errors import InvalidBodyError
 
 __all__ = ["chat_kwargs", "completion_kwargs", "prompts_of"]
 
@@ -90,8 +93,39 @@ def _common(body: Mapping[str, Any], own: tuple[str, ...]) -> dict[str, Any]:
     return kwargs
 
 
+def _check_tools(tools: Any) -> None:
+    """``tools`` as ``vllm serve``'s request model takes them: a list of
+    ``{"type": "function", "function": {"name": str, "parameters": dict | None, ...}}``."""
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        raise InvalidBodyError("body.tools", "Input should be a valid list")
+    for i, tool in enumerate(tools):
+        place = f"body.tools.{i}"
+        if not isinstance(tool, Mapping):
+            raise InvalidBodyError(place, "Input should be a valid dictionary")
+        if tool.get("type", "function") != "function":
+            raise InvalidBodyError(f"{place}.type", "Input should be 'function'")
+        function = tool.get("function")
+        if not isinstance(function, Mapping):
+            problem = "Field required" if function is None else "Input should be a valid dictionary"
+            raise InvalidBodyError(f"{place}.function", problem)
+        name = function.get("name")
+        if not isinstance(name, str):
+            problem = "Field required" if name is None else "Input should be a valid string"
+            raise InvalidBodyError(f"{place}.function.name", problem)
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, Mapping):
+            raise InvalidBodyError(
+                f"{place}.function.parameters", "Input should be a valid dictionary"
+            )
+
+
 def chat_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:
     """The ``Engine.astream`` keyword arguments for a ``/v1/chat/completions`` body."""
+    if "messages" not in body:
+        raise InvalidBodyError("body.messages", "Field required")
+    _check_tools(body.get("tools"))
     kwargs = _common(body, CHAT_ONLY)
     if body.get("tools"):
         kwargs["tools"] = body["tools"]

