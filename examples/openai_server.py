@@ -28,7 +28,7 @@ from langchain_core.vectorstores import InMemoryVectorStore
 from vllm_inline.engine import get_engine
 from vllm_inline.integrations.langchain import ChatVLLM, VLLMEmbeddings
 from vllm_inline.server import Limits, OpenAIServer
-from vllm_inline.testing import build_scripted_model
+from vllm_inline.testing import build_embedding_model, build_scripted_model
 
 DOCS = [
     "vllm-inline runs vLLM inside the LangChain or LlamaIndex process: no HTTP hop.",
@@ -50,7 +50,7 @@ def create_app(
     """The app: the API on a chat model and an embedder (default: the scripted demo models),
     and ``/ask`` on the same two engines."""
     model = model or os.environ.get("MODEL") or str(build_scripted_model("demo"))
-    embedding_model = embedding_model or str(build_scripted_model("embedder"))
+    embedding_model = embedding_model or str(build_embedding_model())
     options = dict(vllm_kwargs or {})
     llm = ChatVLLM(model=model, vllm_kwargs=options)
     embedder = VLLMEmbeddings(model=embedding_model, vllm_kwargs=options)

@@ -197,3 +197,29 @@ def test_fastapi_endpoint_streams_sse_over_a_real_socket(scripted: Any) -> None:
     # The lifespan stops the engine only if it started it (alone, this test; in the suite, the
     # engine the other examples started stays up for test_observability).
     assert get_engine(s.path).started == running_before
+
+
+def test_openai_server_app_serves_the_api_next_to_its_rag_route(scripted: Any) -> None:
+    import httpx
+    from serving import serving
+
+    s = scripted("demo")
+    example = load("openai_server")
+    app = example.create_app(s.path)  # no engine options, as the example runs
+    with serving(app) as url:
+        ask = httpx.get(f"{url}/ask", params={"q": "What does vllm-inline do?"}, timeout=120)
+        assert ask.status_code == 200, ask.text
+        assert ask.json()["answer"] == s.scenario.answer
+        assert len(ask.json()["sources"]) == 2
+        assert set(ask.json()["sources"]) <= set(example.DOCS)
+        body = {"model": s.path, "messages": [{"role": "user", "content": "Hi"}]}
+        chat = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).json()
+        assert chat["choices"][0]["message"]["content"] == s.scenario.answer
+        models = [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]]
+        assert models[0] == s.path and len(models) == 2
+        vectors = httpx.post(f"{url}/v1/embeddings", json={"model": models[1], "input": "x"})
+        assert len(vectors.json()["data"][0]["embedding"]) > 1
+        page = httpx.get(f"{url}/")
+        assert page.status_code == 200 and json.dumps([s.path]) in page.text
+        metrics = httpx.get(f"{url}/metrics").text
+        assert f'model_name="{s.path}"' in metrics and "vllm:generation_tokens" in metrics
