@@ -19,7 +19,7 @@ BOXES = {
         3.3,
         1.5,
         "vLLM engine core",
-        "its own process (spawned)\nscheduler + model\ncontinuous batching",
+        "its own process\nscheduler + model\ncontinuous batching",
         "#fde2c8",
     ),
     "async": (
@@ -36,7 +36,7 @@ BOXES = {
         4.0,
         3.4,
         1.5,
-        "generate.generate",
+        "stream/generate.py",
         "on the engine's loop thread:\nrender, sampling, parsers\n-> Delta",
         "#d5e8f7",
     ),
@@ -45,8 +45,8 @@ BOXES = {
         2.1,
         3.4,
         1.3,
-        "bridge (aiter_on / iter_on)",
-        "hands each Delta to the caller's\nevent loop or thread as it comes",
+        "loop/bridge.py",
+        "aiter_on / iter_on hand each Delta\nto the caller's event loop or\nthread as it comes",
         "#d5e8f7",
     ),
     "lc": (
