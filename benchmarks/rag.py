@@ -1,7 +1,8 @@
-"""A RAG turn in one process against three vLLM servers, side by side in one run.
+"""A RAG turn in one process against three vLLM servers, and against one vllm-inline server,
+side by side in one run.
 
 A turn: embed the question, take the top 8 of 1,000 chunks from an in-memory vector store,
-rerank them to 3, stream the answer (max_tokens=32, greedy). Two sides, the same models and
+rerank them to 3, stream the answer (max_tokens=32, greedy). Three sides, the same models and
 engine options (``vllm_inline.testing.CPU_TEST_ENGINE_KWARGS``, the window cut to what each
 model allows; flags for the servers):
 
@@ -12,12 +13,16 @@ model allows; flags for the servers):
   embedder and the reranker (``--runner pooling``), launched in parallel; ``ChatOpenAI``
   (streaming, ``stream_usage``) + ``OpenAIEmbeddings``, ``OpenAILike`` + ``OpenAILikeEmbedding``,
   and ``/rerank`` through one kept-alive ``httpx.AsyncClient``.
+- **one server**: ``python -m vllm_inline serve`` with the three models (``--vllm-kwargs``: the
+  same options, one set for all three, so the smallest window of the three); the very clients
+  of the three-servers side (``rag_http.openai_apps``), every base URL on it, sending the names
+  its ``/v1/models`` lists.
 
 Each side runs in a child process of its own, one after the other, so each client's CPU and
 memory are its own. Figures: time to the first answer token from the start of the turn (c=1,
 p50/p90); turns/s with 16 asyncio tasks on the async APIs; client CPU per turn (that process
 alone); peak RSS of the side's processes (it and its descendants: engine cores and workers, or
-the three server trees), and their PSS at the end of the c=16 block (a shared page divided
+the server trees), and their PSS at the end of the c=16 block (a shared page divided
 among the processes that map it: what the side takes together); cold start (from before
 ``start_engines``, or the servers' launch, to the first token of the LangChain app's first
 answer, indexing included; servers' readiness by polling ``/health``). The floor: each step
@@ -27,9 +32,11 @@ clients (``rag_turns.client_steps``): the hops.
 
     python benchmarks/rag.py --quick            # tiny tier, 8 and 16 turns: a smoke run
     python benchmarks/rag.py --tier real        # Gemma 3 270M + all-MiniLM-L6-v2
+    python benchmarks/rag.py --tier tiny --sides three_servers,one_server --out /tmp/x.json
     make bench RAG_ARGS="--tier tiny"
 
-Prints a markdown table per tier (progress on stderr); writes benchmarks/results/rag-<tier>.json.
+Prints a markdown table per tier (progress on stderr); writes benchmarks/results/rag-<tier>.json
+(``--out``: another file; ``{tier}`` in it becomes the tier).
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # before vLLM is importe
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from children import exit_on_sigterm, run_to_end
+from rag_http import one_server, three_servers
 from rag_turns import (
     CHUNKS,
     CLIENT_STEPS,
@@ -67,10 +75,8 @@ from rag_turns import (
     both_apps,
     corpus,
     floor,
-    http_postprocessor,
     log,
     questions,
-    server_rerank,
 )
 from report import versions, write_json
 
@@ -112,86 +118,6 @@ def one_process(cfg: dict[str, Any]) -> dict[str, Any]:
         return asyncio.run(main(t0))
     finally:
         shutdown_engines(*engines)
-
-
-# -- side 2: three servers ------------------------------------------------------------------------
-
-
-def three_servers(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Three vLLM servers launched at once; both apps on their OpenAI-compatible clients."""
-    out, pooling = pathlib.Path(cfg["out"]), ["--runner", "pooling"]
-    flags = {"chat": cfg["chat_flags"], "embedder": pooling, "reranker": pooling}
-    ports, procs = {role: servers.free_port() for role in flags}, {}
-    t0 = time.perf_counter()
-    try:
-        for role, extra in flags.items():
-            procs[role] = servers.start_server(
-                cfg["models"][role],
-                ports[role],
-                dict(cfg["options"][role]),
-                out / f"rag-server-{cfg['tier']}-{role}.log.tmp",
-                extra,
-            )
-        log(f"three servers: launched, ports {ports} (logs: {out}/rag-server-*.log.tmp)")
-        return asyncio.run(servers_main(cfg, ports, procs, t0))
-    finally:
-        for proc in procs.values():
-            servers.stop_server(proc)
-
-
-async def servers_main(cfg: dict, ports: dict, procs: dict, t0: float) -> dict[str, Any]:
-    """Wait for the three servers' ``/health``, then :func:`both_apps` on their clients."""
-    import httpx
-    from langchain_openai import ChatOpenAI, OpenAIEmbeddings
-    from llama_index.embeddings.openai_like import OpenAILikeEmbedding
-    from llama_index.llms.openai_like import OpenAILike
-
-    for role, proc in procs.items():  # launched together: the last one to be ready counts
-        await asyncio.to_thread(
-            servers.wait_healthy, f"http://127.0.0.1:{ports[role]}/health", proc, 900, 0.1
-        )
-    url = {role: f"http://127.0.0.1:{port}/v1" for role, port in ports.items()}
-    m = cfg["models"]
-    # Greedy as the other side, and the end-of-turn ids the engine stops at: the servers stop
-    # only at generation_config's eos otherwise (Gemma 3 270M's lists <eos> alone).
-    body = {
-        "repetition_penalty": SAMPLING["repetition_penalty"],
-        "stop_token_ids": cfg["stop_token_ids"],
-    }
-    common = {"api_key": "EMPTY", "max_retries": 0, "timeout": 300}
-    sampling = {"max_tokens": MAX_TOKENS, "temperature": SAMPLING["temperature"]}
-    chat = ChatOpenAI(
-        model=m["chat"],
-        base_url=url["chat"],
-        streaming=True,
-        stream_usage=True,
-        extra_body=body,
-        **sampling,
-        **common,
-    )
-    emb = OpenAIEmbeddings(
-        model=m["embedder"], base_url=url["embedder"], check_embedding_ctx_length=False, **common
-    )
-    li_llm = OpenAILike(
-        model=m["chat"],
-        api_base=url["chat"],
-        is_chat_model=True,
-        context_window=cfg["options"]["chat"]["max_model_len"],
-        additional_kwargs={"extra_body": body},
-        **sampling,
-        **common,
-    )
-    li_emb = OpenAILikeEmbedding(model_name=m["embedder"], api_base=url["embedder"], **common)
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{ports['reranker']}", timeout=300
-    ) as client:  # one client, kept alive: its pool
-
-        async def rerank(docs: list[Any], q: str) -> list[Any]:
-            texts = [d.page_content for d in docs]
-            return [docs[i] for i in await server_rerank(client, m["reranker"], q, texts)]
-
-        li_parts = (li_llm, li_emb, http_postprocessor(client, m["reranker"]))
-        return await both_apps("three servers", t0, (chat, emb, rerank), li_parts, cfg, questions())
 
 
 # -- the parent: models, one child per side, the table ------------------------------------------
@@ -283,67 +209,91 @@ def figure(res: dict[str, Any], side: str, fw: str, key: str) -> float | None:
     return value
 
 
+RATIOS = (("one_process", "three_servers"), ("one_server", "three_servers"))
+"""The ratio columns of the table, each where both sides ran."""
+DIFFS = (("three_servers", "one_process"), ("one_server", "three_servers"))
+"""The step table's differences (``three servers - one process``), each where both sides ran."""
+FW_LABELS = {"langchain": "LangChain", "llama_index": "LlamaIndex"}
+
+
+def _name(side: str) -> str:
+    return side.replace("_", " ")
+
+
+def _row(cells: list[str]) -> str:
+    return f"| {' | '.join(cells)} |"
+
+
 def table(tier: str, res: dict[str, Any], cfg: dict[str, Any]) -> str:
-    """The markdown table, then the floor lines."""
-    m, fl = cfg["models"], res["one_process"]["floor"]
+    """The markdown table of the sides that ran, then the floor lines (with the one-process
+    side) and the step table."""
+    m, sides = cfg["models"], [s for s in SIDES if s in res]
+    pairs = [(a, b) for a, b in RATIOS if a in res and b in res]
+    fl = res["one_process"]["floor"] if "one_process" in res else None
+    head = [f"{_name(s)} ({FW_LABELS[fw]})" for s in sides for fw in FRAMEWORKS]
+    head += [f"ratio ({_name(a)} / {_name(b)}): LangChain, LlamaIndex" for a, b in pairs]
     out = [
         (
             f"\n== {tier}: chat {m['chat']}, embedder {m['embedder']}, reranker {m['reranker']}; "
             f"{cfg['turns']} turns at c=1, {cfg['c16_turns']} at c={CONCURRENCY}, top {RETRIEVE} "
             f"of {CHUNKS:,} -> {KEEP}, max_tokens={MAX_TOKENS} ==\n"
         ),
-        (
-            "| figure | one process (LangChain) | one process (LlamaIndex) | three servers "
-            "(LangChain) | three servers (LlamaIndex) | ratio (one process / three servers): "
-            "LangChain, LlamaIndex |"
-        ),
-        "|---|---|---|---|---|---|",
+        _row(["figure", *head]),
+        "|---" * (len(head) + 1) + "|",
     ]
     for label, key, fmt in ROWS:
-        v = {(s, fw): figure(res, s, fw, key) for s in SIDES for fw in FRAMEWORKS}
+        v = {(s, fw): figure(res, s, fw, key) for s in sides for fw in FRAMEWORKS}
         cells = ["-" if x is None else format(x, fmt) for x in v.values()]
-        ratios = [
-            f"{a / b:.2f}" if a and b else "-"
-            for a, b in ((v[SIDES[0], fw], v[SIDES[1], fw]) for fw in FRAMEWORKS)
+        for a, b in pairs:
+            ratios = [(v[a, fw], v[b, fw]) for fw in FRAMEWORKS]
+            cells.append(", ".join(f"{x / y:.2f}" if x and y else "-" for x, y in ratios))
+        out.append(_row([label, *cells]))
+    ttft = {s: figure(res, s, "langchain", "ttft_p50_ms") for s in sides}
+    if fl is not None:
+        p, one = (
+            fl["p50_ms"],
+            {fw: figure(res, "one_process", fw, "ttft_p50_ms") for fw in FRAMEWORKS},
+        )
+        out += [
+            "",
+            (
+                f"floor, raw vLLM on the one-process engines (p50 of {cfg['turns']} turns, ms): "
+                f"Engine.aembed(question) {p['embed']:.1f} + numpy top-{RETRIEVE} "
+                f"{p['search']:.2f} + Engine.ascore({RETRIEVE} pairs) {p['score']:.1f} + raw "
+                f"AsyncLLM first token {p['raw_ttft']:.1f} = {fl['turn_ttft_ms']:.1f} ms "
+                f"(Engine.astream first token {p['engine_ttft']:.1f}; Engine.aembed of the "
+                f"{CHUNKS:,} chunks {fl['index_s']:.2f} s; longest prompt "
+                f"{fl['max_prompt_tokens']} tokens)"
+            ),
+            "one-process TTFT p50 / floor: "
+            + ", ".join(f"{fw} {one[fw] / fl['turn_ttft_ms']:.2f}x" for fw in FRAMEWORKS),
         ]
-        out.append(f"| {label} | {' | '.join(cells)} | {', '.join(ratios)} |")
-    p, ttft = fl["p50_ms"], {fw: figure(res, "one_process", fw, "ttft_p50_ms") for fw in FRAMEWORKS}
     out += [
-        "",
-        (
-            f"floor, raw vLLM on the one-process engines (p50 of {cfg['turns']} turns, ms): "
-            f"Engine.aembed(question) {p['embed']:.1f} + numpy top-{RETRIEVE} {p['search']:.2f} + "
-            f"Engine.ascore({RETRIEVE} pairs) {p['score']:.1f} + raw AsyncLLM first token "
-            f"{p['raw_ttft']:.1f} = {fl['turn_ttft_ms']:.1f} ms (Engine.astream first token "
-            f"{p['engine_ttft']:.1f}; Engine.aembed of the {CHUNKS:,} chunks {fl['index_s']:.2f} "
-            f"s; longest prompt {fl['max_prompt_tokens']} tokens)"
-        ),
-        "one-process TTFT p50 / floor: "
-        + ", ".join(f"{fw} {ttft[fw] / fl['turn_ttft_ms']:.2f}x" for fw in FRAMEWORKS),
         "",
         (
             f"each step of the LangChain turn alone (p50 of {cfg['turns']}, ms; the store's "
             "top 8 against numpy's):"
         ),
         "",
-        "| step | floor | one process | three servers | three servers - one process |",
-        "|---|---|---|---|---|",
     ]
-    st = [res[side]["steps_p50_ms"] for side in SIDES]
-    rows = [(k, p[FLOOR_OF[k]], st[0][k], st[1][k]) for k in CLIENT_STEPS]
+    diffs = [(a, b) for a, b in DIFFS if a in res and b in res]
+    head = [*(["floor"] if fl else []), *map(_name, sides)]
+    head += [f"{_name(a)} - {_name(b)}" for a, b in diffs]
+    out += [_row(["step", *head]), "|---" * (len(head) + 1) + "|"]
+    st = {s: res[s]["steps_p50_ms"] for s in sides}
+    rows = [
+        (k, fl["p50_ms"][FLOOR_OF[k]] if fl else None, {s: st[s][k] for s in sides})
+        for k in CLIENT_STEPS
+    ]
     rows += [
-        ("sum", fl["turn_ttft_ms"], sum(st[0].values()), sum(st[1].values())),
-        (
-            "the chain's TTFT",
-            None,
-            ttft["langchain"],
-            figure(res, SIDES[1], "langchain", "ttft_p50_ms"),
-        ),
+        ("sum", fl["turn_ttft_ms"] if fl else None, {s: sum(st[s].values()) for s in sides}),
+        ("the chain's TTFT", None, ttft),
     ]
-    out += [
-        f"| {k} | {'-' if f is None else f'{f:.1f}'} | {a:.1f} | {b:.1f} | {b - a:+.1f} |"
-        for k, f, a, b in rows
-    ]
+    for k, f, by_side in rows:
+        cells = ["-" if f is None else f"{f:.1f}"] if fl else []
+        cells += [f"{by_side[s]:.1f}" for s in sides]
+        cells += [f"{by_side[a] - by_side[b]:+.1f}" for a, b in diffs]
+        out.append(_row([k, *cells]))
     return "\n".join(out)
 
 
@@ -351,7 +301,8 @@ def child_main(side: str, cfg_path: str) -> int:
     """A side's process: SIGTERM runs the same clean-up as Ctrl-C (engines, servers)."""
     exit_on_sigterm()
     cfg = json.loads(pathlib.Path(cfg_path).read_text())
-    result = (one_process if side == "one_process" else three_servers)(cfg)
+    sides = {"one_process": one_process, "three_servers": three_servers, "one_server": one_server}
+    result = sides[side](cfg)
     pathlib.Path(cfg["result"]).write_text(json.dumps(result))
     return 0
 
@@ -377,12 +328,33 @@ def meta(cfg: dict[str, Any], started: float) -> dict[str, Any]:
     }
 
 
+def parse_sides(text: str) -> tuple[str, ...]:
+    """``--sides``: names from :data:`~rag_turns.SIDES`, comma-separated; they run in that
+    order (one side at a time), whatever the order given."""
+    given = {name.strip() for name in text.split(",") if name.strip()}
+    if not given or given - set(SIDES):
+        msg = f"expected some of {','.join(SIDES)}, got {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return tuple(s for s in SIDES if s in given)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tier", choices=("tiny", "real", "both"), default="both")
     ap.add_argument("--turns", type=int, default=30, help="turns per framework at c=1")
     ap.add_argument("--c16-turns", type=int, default=64, help="turns per framework at c=16")
     ap.add_argument("--quick", action="store_true", help="tiny tier, 8 and 16 turns")
+    ap.add_argument(
+        "--sides",
+        type=parse_sides,
+        default=SIDES,
+        help=f"the sides to run, comma-separated, run in this order: {','.join(SIDES)} (default)",
+    )
+    ap.add_argument(
+        "--out",
+        help="the JSON file to write ({tier} in it becomes the tier; default: "
+        "benchmarks/results/rag-{tier}.json)",
+    )
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # a child process
     ap.add_argument("--config", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -390,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         return child_main(args.side, args.config)
     if args.quick:
         args.tier, args.turns, args.c16_turns = "tiny", 8, 16
+    if args.out and args.tier == "both" and "{tier}" not in args.out:
+        ap.error("--out with --tier both needs {tier} in the name (one file per tier)")
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     for tier in ("tiny", "real") if args.tier == "both" else (args.tier,):
@@ -408,13 +382,13 @@ def main(argv: list[str] | None = None) -> int:
                 "out": str(out),
             }
             res = {}
-            for side in SIDES:  # one side at a time
+            for side in args.sides:  # one side at a time
                 log(f"{tier}: {side.replace('_', ' ')}")
                 res[side] = run_side(side, cfg, pathlib.Path(tmp))
         text = table(tier, res, cfg)
         print(text, flush=True)
-        path = out / f"rag-{tier}.json"
-        write_json(path, {"meta": meta(cfg, started), **res, "table": text})
+        path = pathlib.Path(str(args.out or out / "rag-{tier}.json").replace("{tier}", tier))
+        write_json(path, {"meta": {**meta(cfg, started), "sides": list(res)}, **res, "table": text})
         log(f"{tier}: wrote {path} ({(time.perf_counter() - started) / 60:.1f} min)")
     return 0
 

@@ -1,4 +1,4 @@
-"""The RAG turn of ``benchmarks/rag.py``, on either side's clients: the corpus and questions,
+"""The RAG turn of ``benchmarks/rag.py``, on any side's clients: the corpus and questions,
 the two apps (as ``examples/rag_app.py`` builds them), one turn, the c=1 and c=16 blocks, each
 step of the LangChain turn timed alone (:func:`client_steps`), and the same steps on the engines
 themselves (:func:`floor`)."""
@@ -18,7 +18,8 @@ RETRIEVE, KEEP, MAX_TOKENS, CONCURRENCY, CHUNKS = 8, 3, 32, 16, 1000
 # Greedy on both sides; repetition_penalty because vllm-inline's default is 1.1, vLLM's 1.0.
 SAMPLING = {"temperature": 0.0, "repetition_penalty": 1.0}
 PROMPT = "Answer from this context:\n{context}\n\nQuestion: {question}"
-FRAMEWORKS, SIDES = ("langchain", "llama_index"), ("one_process", "three_servers")
+FRAMEWORKS = ("langchain", "llama_index")
+SIDES = ("one_process", "three_servers", "one_server")  # rag.py runs them in this order
 _ADJ = ["red", "quiet", "old", "bright", "small", "heavy", "silver", "hidden"]
 _NOUN = ["robot", "river", "lantern", "engine", "garden", "library", "tower", "harbor"]
 _VERB = ["repairs", "paints", "guards", "measures", "carries", "cleans", "counts", "opens"]
@@ -135,8 +136,45 @@ async def turn(stream: Callable[[str], AsyncIterator[str]], q: str) -> dict[str,
     }
 
 
+_KINDS = (  # a marker in the command line, the kind of process
+    ("EngineCore", "engine cores"),
+    ("VLLM::Worker", "workers"),
+    ("api_server", "servers"),
+    ("vllm_inline serve", "servers"),
+)
+
+
+def cpu_by_process() -> dict[int, tuple[str, float]]:
+    """CPU seconds so far of this process and of each live descendant, by pid, with its kind:
+    ``client`` (this process: on the one-process side with the engines' front ends),
+    ``servers`` (vLLM's API servers, ``vllm_inline serve``), ``engine cores``, ``workers``,
+    ``other`` (multiprocessing's fork server and resource tracker)."""
+    import psutil
+
+    me, out = psutil.Process(), {}
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            cmd, t = " ".join(p.cmdline()), p.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        kinds = [kind for marker, kind in _KINDS if marker in cmd]
+        out[p.pid] = ("client" if p is me else (kinds or ["other"])[0], t.user + t.system)
+    return out
+
+
+def cpu_split(before: dict, after: dict, turns: int) -> dict[str, float]:
+    """CPU ms per turn of each kind of process between two :func:`cpu_by_process` readings (a
+    process that started meanwhile counts whole; one that ended meanwhile is lost)."""
+    split: dict[str, float] = {}
+    for pid, (kind, cpu) in after.items():
+        start = before[pid][1] if pid in before else 0.0
+        split[kind] = split.get(kind, 0.0) + (cpu - start) * 1e3 / turns
+    return dict(sorted(split.items()))
+
+
 async def at_concurrency(stream: Callable, qs: list[str]) -> dict[str, Any]:
-    """All of ``qs`` through ``CONCURRENCY`` tasks: turns/s, CPU per turn, peak RSS, final PSS."""
+    """All of ``qs`` through ``CONCURRENCY`` tasks: turns/s, CPU per turn (the client's, and
+    every process of the side's by kind), peak RSS, final PSS."""
     pending, records = iter(qs), []
 
     async def user() -> None:
@@ -144,10 +182,11 @@ async def at_concurrency(stream: Callable, qs: list[str]) -> dict[str, Any]:
             records.append(await turn(stream, q))
 
     with RssSampler() as rss:
-        t0 = time.perf_counter()
+        cpu0, t0 = cpu_by_process(), time.perf_counter()
         await asyncio.gather(*(user() for _ in range(CONCURRENCY)))
-        wall = time.perf_counter() - t0
+        wall, cpu1 = time.perf_counter() - t0, cpu_by_process()
     return {
+        "cpu_ms_per_turn_by_process": cpu_split(cpu0, cpu1, len(records)),
         "turns": len(records),
         "wall_s": wall,
         "turns_s": len(records) / wall,
@@ -207,7 +246,7 @@ async def both_apps(
     }
 
 
-# -- the three servers' rerank client (no package ships one) --------------------------------
+# -- the HTTP sides' rerank client (no package ships one) --------------------------------
 
 
 async def server_rerank(client: Any, model: str, query: str, texts: list[str]) -> list[int]:
