@@ -223,3 +223,40 @@ def test_openai_agents_sdk_runs_a_tool_through_the_chat_route(app: App) -> None:
     result = asyncio.run(Runner.run(agent, "What is the weather like in Oslo today?"))
     assert calls == ["Oslo"]
     assert result.final_output == app.answers["after_tool"]
+
+
+def test_dimensions_where_the_model_allows_it(
+    app: App, scripted_root: Path, tmp_path: Path
+) -> None:
+    """A Matryoshka embedder (the kit's, its config marked so) gives shorter vectors; another
+    refuses ``dimensions`` with vLLM's 400."""
+    import json
+    import shutil
+
+    from fastapi import FastAPI
+
+    with pytest.raises(openai.BadRequestError) as e:
+        app.client.embeddings.create(model="embedder", input="x", dimensions=8)
+    assert "Matryoshka" in e.value.message
+    matryoshka = tmp_path / "matryoshka"
+    shutil.copytree(build_embedding_model(scripted_root), matryoshka)
+    config = json.loads((matryoshka / "config.json").read_text())
+    (matryoshka / "config.json").write_text(json.dumps({**config, "is_matryoshka": True}))
+    engine = get_engine(
+        str(matryoshka), runner="pooling", **dict(app.engines["llama3"].vllm_kwargs)
+    )
+    server = OpenAIServer(embedding={"m": engine}, chat_page=False)
+    own = FastAPI(lifespan=server.lifespan)
+    server.install(own)
+    try:
+        with serving(own) as url:
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+            full = client.embeddings.create(model="m", input="x", encoding_format="float")
+            short = client.embeddings.create(
+                model="m", input="x", dimensions=8, encoding_format="float"
+            )
+    finally:
+        engine.shutdown()
+    vector = np.asarray(short.data[0].embedding)
+    assert len(vector) == 8 < len(full.data[0].embedding)
+    assert np.linalg.norm(vector) == pytest.approx(1.0, rel=1e-5)
