@@ -231,6 +231,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)"
     )
+    help_text = (
+        "run your ASGI app in N worker processes on one engine per model (vllm_inline.workers)"
+    )
+    p = sub.add_parser("run", help=help_text, description=help_text)
+    p.add_argument("app", help="the app as uvicorn takes it: module:attribute")
+    p.add_argument("--workers", type=serve.worker_count, required=True, help="worker processes")
+    p.add_argument("--factory", action="store_true", help="app is a function returning the app")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--graceful-timeout", type=float, default=30.0, help="seconds a worker drains on SIGTERM"
+    )
+    p.add_argument(
+        "--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)"
+    )
     args = parser.parse_args(argv)
     if args.verbose:
         # The engine keeps vLLM at ERROR unless this is set (vllm_inline/engine/seam/vllm_quiet.py).
@@ -239,6 +254,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return check(args.model, args.vllm_kwargs, args.tool_parser, args.max_tokens)
     if args.command == "serve":
         return serve.serve(args)
+    if args.command == "run":
+        from vllm_inline.workers import run
+
+        sys.path.insert(0, os.getcwd())  # as uvicorn does: the app's module from here
+        return run(
+            args.app,
+            workers=args.workers,
+            host=args.host,
+            port=args.port,
+            factory=args.factory,
+            graceful_timeout=args.graceful_timeout,
+        )
     return demo(args.model) if args.command == "demo" else chat(args.model)
 
 

@@ -14,7 +14,10 @@ from typing import Any
 
 from vllm_inline.testing import build_scripted_model
 
-__all__ = ["add_arguments", "serve"]
+__all__ = ["add_arguments", "app_from_environment", "build_app", "serve", "worker_count"]
+
+ARGS_VARIABLE = "VLLMINLINE_SERVE_ARGS"
+"""The ``serve`` arguments, as JSON, in each worker of ``--workers N``."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +52,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-tokens-cap", type=int, help="refuse a larger max_tokens (default: the context)"
     )
     parser.add_argument("--max-n", type=int, default=8, help="refuse a larger n (default: 8)")
+    parser.add_argument(
+        "--workers",
+        type=worker_count,
+        default=1,
+        help="worker processes, all on one engine per model (vllm_inline.workers; default: 1)",
+    )
+
+
+def worker_count(text: str) -> int:
+    """``--workers``: a whole number, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number of worker processes, 1 or more; got {text!r}"
+        )
+    return value
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -56,10 +78,34 @@ def serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from vllm_inline.server import Limits, create_app
+        from vllm_inline import server  # noqa: F401
     except ImportError as e:
         print(f"serve needs the server extra: pip install 'vllm-inline[server]' ({e})")
         return 2
+    if args.workers > 1:
+        from vllm_inline.workers import run
+
+        return run(
+            f"{__name__}:app_from_environment",
+            factory=True,
+            workers=args.workers,
+            host=args.host,
+            port=args.port,
+            environment={ARGS_VARIABLE: json.dumps(vars(args))},
+        )
+    uvicorn.run(build_app(args), host=args.host, port=args.port)
+    return 0
+
+
+def app_from_environment() -> Any:
+    """The app of a worker of ``serve --workers N``, from the launcher's arguments."""
+    return build_app(argparse.Namespace(**json.loads(os.environ[ARGS_VARIABLE])))
+
+
+def build_app(args: argparse.Namespace) -> Any:
+    """The FastAPI app that serves the models of ``args``."""
+    from vllm_inline.server import Limits, create_app
+
     chat: Any = args.model or str(build_scripted_model("demo"))
     if args.served_model_name:
         from vllm_inline.engine import get_engine
@@ -71,12 +117,10 @@ def serve(args: argparse.Namespace) -> int:
         max_tokens_cap=args.max_tokens_cap,
         max_n=args.max_n,
     )
-    app = create_app(
+    return create_app(
         chat,
         embedding=args.embedding_model,
         rerank=args.rerank_model,
         limits=limits,
         vllm_kwargs=args.vllm_kwargs,
     )
-    uvicorn.run(app, host=args.host, port=args.port)
-    return 0

@@ -26,6 +26,7 @@ from vllm_inline.engine.errors import (
     UnsupportedTaskError,
     VLLMInlineError,
 )
+from vllm_inline.engine.life import group
 from vllm_inline.engine.life.memory_plan import check_alone_start
 from vllm_inline.engine.life.metrics import StatsBook, prometheus_registry
 from vllm_inline.engine.life.platform_defaults import (
@@ -314,19 +315,31 @@ async def _build(
     # the caller's frames (and through them the engine) alive until interpreter exit.
     from vllm_inline.engine.seam import vllm_boot, vllm_quiet
 
-    vllm_processes.warm_up()  # on a CPU, engine cores' fork server imports while we do
+    if not group.joined():  # a group's engine cores come from its owner's fork server
+        vllm_processes.warm_up()  # on a CPU, engine cores' fork server imports while we do
     vllm_quiet.install_filters()  # before vLLM's import, which logs
     from vllm_inline.engine.seam import vllm_engine
 
     vllm_engine.check_engine_kwargs(model, vllm_kwargs)
-    # Measured before anything is spawned: a request for more memory than is free fails here.
-    defaults = _decide_engine_kwargs(model, vllm_kwargs, planned, running)
-    cpu = defaults.facts is not None and defaults.facts.is_cpu
-    environment = {**vllm_boot.engine_environment(cpu=cpu), **defaults.environment}
+
+    def decide() -> tuple[PlatformDefaults, dict[str, str]]:
+        # Measured before anything is spawned: a request for more memory than is free fails here.
+        defaults = _decide_engine_kwargs(model, vllm_kwargs, planned, running)
+        cpu = defaults.facts is not None and defaults.facts.is_cpu
+        return defaults, {**vllm_boot.engine_environment(cpu=cpu), **defaults.environment}
+
+    client = None
+    if group.joined():  # attach to the group's engine cores for this model and options
+        defaults, client = group.attach(model, vllm_kwargs, decide)
+        environment: dict[str, str] = {}
+    else:
+        defaults, environment = decide()
     # Returned, never held in a local: a traceback vLLM keeps from its imports keeps this frame,
     # and a local of it would keep the engine alive until interpreter exit.
     registry = prometheus_registry()
-    return vllm_engine.start_engine(model, defaults.kwargs, stats, registry, environment), defaults
+    return vllm_engine.start_engine(
+        model, defaults.kwargs, stats, registry, environment, client
+    ), defaults
 
 
 def _decide_engine_kwargs(

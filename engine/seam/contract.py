@@ -168,6 +168,28 @@ CONTRACT: tuple[Use, ...] = (
         ),
     ),
     _u("vllm.v1.engine.async_llm", "AsyncLLM.from_engine_args", keywords=("stat_loggers",)),
+    # engine/seam/vllm_group.py and vllm_engine.start_engine(client=...): engine cores for several
+    # front ends, as run_multi_api_server in vllm/entrypoints/cli/serve.py
+    _u(
+        "vllm.v1.engine.async_llm",
+        "AsyncLLM.from_vllm_config",
+        keywords=(
+            "stat_loggers",
+            "enable_log_requests",
+            "disable_log_stats",
+            "client_addresses",
+            "client_count",
+            "client_index",
+        ),
+    ),
+    _u("vllm.engine.arg_utils", "EngineArgs", members=("_api_process_count", "_api_process_rank")),
+    _u("vllm.engine.arg_utils", "EngineArgs.create_engine_config"),
+    _u("vllm.v1.engine.utils", "EngineZmqAddresses", keywords=("inputs", "outputs")),
+    _u("vllm.v1.engine.utils", "launch_core_engines"),
+    _u("vllm.v1.engine.utils", "CoreEngineLaunch", members=("engine_manager",)),
+    _u("vllm.v1.engine.utils", "CoreEngineProcManager", members=("shutdown", "processes")),
+    _u("vllm.v1.executor", "Executor", members=("get_class",)),
+    _u("vllm.utils.network_utils", "get_open_zmq_ipc_path"),
     _u(
         "vllm.v1.engine.async_llm",
         "AsyncLLM.generate",

@@ -52,6 +52,7 @@ __all__ = [
     "VLLM_ERROR_KINDS",
     "AsyncLLM",
     "check_engine_kwargs",
+    "engine_options",
     "error_kind",
     "is_media_error",
     "make_sampling_params",
@@ -85,6 +86,7 @@ def start_engine(
     stats: StepRecorder,
     registry: Any,
     environment: Mapping[str, str] | None = None,
+    client: Mapping[str, Any] | None = None,
 ) -> AsyncLLM:
     """Build ``AsyncLLM`` (blocking, ~20 s on a CPU); call it on the engine's loop thread.
 
@@ -95,30 +97,35 @@ def start_engine(
     ``disable_log_stats=False``: in a library, a line every few seconds is noise. When
     ``stats.enabled`` is false (the caller set ``disable_log_stats=True``) vLLM gets no stat
     logger and records no stats at all, as in vLLM's own server with that option.
+
+    ``client``: attach to engine cores another process started for several front ends
+    (:func:`.vllm_group.launch_shared`) instead of starting them: its ``addresses``, ``count``
+    and ``index``, vLLM's ``client_addresses``, ``client_count`` and ``client_index``.
     """
     from vllm_inline.engine.seam.vllm_stats import stat_loggers
 
     _warn_if_unsupported()
-    options = dict(kwargs)
-    options.setdefault("disable_log_stats", True)
+    options = engine_options(kwargs)
     loggers = stat_loggers(stats, registry) if stats.enabled else None
-    if "structured_outputs_config" not in options:
-        # Compact JSON under structured outputs: without it a weak model can pad JSON with
-        # whitespace until max_tokens. vLLM 0.32 only takes this engine-wide, for xgrammar.
-        options["structured_outputs_config"] = StructuredOutputsConfig(
-            backend="xgrammar", disable_any_whitespace=True
-        )
-    if options.get("enable_lora") and current_platform.is_cpu():
-        # One more adapter slot, for the base model's empty adapter
-        # (see .vllm_lora.base_lora_request).
-        options["max_loras"] = int(options.get("max_loras") or 1) + 1
-        if options.get("max_cpu_loras"):
-            options["max_cpu_loras"] = int(options["max_cpu_loras"]) + 1
     disable_envs_cache()  # this engine reads the environment as it is now (see below)
     args = AsyncEngineArgs(model=model, **options)
-    forked, remote = engine_cores_forked(), remote_peer_deadline(options)
-    with spawn_environment(environment or {}), forked, remote:
-        llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
+    if client is None:
+        forked, remote = engine_cores_forked(), remote_peer_deadline(options)
+        with spawn_environment(environment or {}), forked, remote:
+            llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
+    else:
+        # As each API server of `vllm serve --api-server-count N` does (run_api_server_worker_proc).
+        args._api_process_count = int(client["count"])
+        args._api_process_rank = int(client["index"])
+        llm = AsyncLLM.from_vllm_config(
+            args.create_engine_config(),
+            stat_loggers=loggers,
+            enable_log_requests=args.enable_log_requests,
+            disable_log_stats=args.disable_log_stats,
+            client_addresses=dict(client["addresses"]),
+            client_count=int(client["count"]),
+            client_index=int(client["index"]),
+        )
     if str(llm.model_config.runner_type) == "pooling":
         # Its first embedding or score call would otherwise import vLLM's pooling entry points
         # (pydantic schemas: ~1 s) on the engine loop, and leave them to the collector (below).
@@ -134,6 +141,25 @@ def start_engine(
     # next engine start clears the cache first, so it sees the environment of its own time.
     enable_envs_cache()
     return llm
+
+
+def engine_options(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``AsyncEngineArgs`` options for the caller's ``kwargs``: the package's defaults added."""
+    options = dict(kwargs)
+    options.setdefault("disable_log_stats", True)
+    if "structured_outputs_config" not in options:
+        # Compact JSON under structured outputs: without it a weak model can pad JSON with
+        # whitespace until max_tokens. vLLM 0.32 only takes this engine-wide, for xgrammar.
+        options["structured_outputs_config"] = StructuredOutputsConfig(
+            backend="xgrammar", disable_any_whitespace=True
+        )
+    if options.get("enable_lora") and current_platform.is_cpu():
+        # One more adapter slot, for the base model's empty adapter
+        # (see .vllm_lora.base_lora_request).
+        options["max_loras"] = int(options.get("max_loras") or 1) + 1
+        if options.get("max_cpu_loras"):
+            options["max_cpu_loras"] = int(options["max_cpu_loras"]) + 1
+    return options
 
 
 _warned_unsupported = False

@@ -1,0 +1,220 @@
+"""``--workers N``: an app's worker processes on one engine per model (vllm_inline.workers).
+
+Each test runs ``python -m vllm_inline serve --workers 2`` in a process of its own and follows
+every process below it by pid: both workers answer from exactly one engine core per model, a
+stream cancelled in a worker is aborted in the shared engine, and the launcher stopped by
+SIGTERM or SIGKILL, a worker killed, or bad use leaves no process and no ``/dev/shm`` segment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from processes import alive, clean_up, describe, free_port, process_tree, shm_entries, wait_gone
+
+from vllm_inline.testing import CPU_TEST_ENGINE_KWARGS, build_embedding_model, scripted_model
+from vllm_inline.workers import WORKER_HEADER
+
+pytestmark = [pytest.mark.engine, pytest.mark.parallel]
+
+HELLO = [{"role": "user", "content": "Hello"}]
+
+
+class Launched:
+    """The launcher's process, every process seen below it, and its log."""
+
+    def __init__(self, child: subprocess.Popen[bytes], log: Path, url: str) -> None:
+        self.child = child
+        self.log = log
+        self.url = url
+        self.tree: dict[int, psutil.Process] = {}
+
+    def look(self) -> list[psutil.Process]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            self.tree.update({p.pid: p for p in process_tree(self.child.pid)})
+        return alive(self.tree.values())
+
+    def named(self, name: str) -> list[psutil.Process]:
+        found = []
+        for p in self.look():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if name in " ".join(p.cmdline()):
+                    found.append(p)
+        return found
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+@contextlib.contextmanager
+def launched(tmp_path: Path, *arguments: str, healthy: bool = True) -> Iterator[Launched]:
+    port = free_port()
+    command = [
+        sys.executable, "-m", "vllm_inline", "serve", "--port", str(port),
+        "--vllm-kwargs", json.dumps(dict(CPU_TEST_ENGINE_KWARGS)), *arguments,
+    ]  # fmt: skip
+    log_path = tmp_path / "launcher.log"
+    before = shm_entries()
+    with log_path.open("w") as log:
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, process_group=0)
+        run = Launched(child, log_path, f"http://127.0.0.1:{port}")
+        try:
+            if healthy:
+                deadline = time.monotonic() + 300
+                while not _healthy(run, twice=True):
+                    run.look()
+                    assert child.poll() is None, run.text()
+                    assert time.monotonic() < deadline, "no healthy workers\n" + run.text()
+                    time.sleep(0.5)
+                run.look()
+            yield run
+        finally:
+            run.look()
+            clean_up(run.tree.values(), shm_entries() - before)
+
+
+def _healthy(run: Launched, twice: bool) -> bool:
+    """``/health`` answers 200 from both workers (new connections land on either)."""
+    seen = set()
+    for _ in range(20 if twice else 1):
+        try:
+            response = httpx.get(f"{run.url}/health", timeout=5)
+        except httpx.HTTPError:
+            return False
+        if response.status_code != 200:
+            return False
+        seen.add(response.headers[WORKER_HEADER])
+        if len(seen) == 2 or not twice:
+            return True
+    return False
+
+
+def _from_both(run: Launched, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST ``body`` on new connections until both workers have answered; each answer by worker."""
+    answers: dict[str, Any] = {}
+    for _ in range(40):
+        response = httpx.post(f"{run.url}{path}", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        answers.setdefault(response.headers[WORKER_HEADER], response.json())
+        if len(answers) == 2:
+            return answers
+    raise AssertionError(f"only worker(s) {sorted(answers)} answered {path}")
+
+
+def test_two_workers_answer_from_one_engine_core_per_model(
+    scripted_root: Path, tmp_path: Path
+) -> None:
+    chat = scripted_model("llama3", scripted_root)
+    embedder = str(build_embedding_model(scripted_root))
+    before = shm_entries()
+    with launched(
+        tmp_path, "--workers", "2", "--model", chat.path, "--embedding-model", embedder
+    ) as run:
+        workers = run.named("multiprocessing.spawn")
+        cores = [p for p in run.look() if p.name().startswith("VLLM::EngineCore")]
+        assert len(workers) == 2, describe(run.look())
+        assert len(cores) == 2, describe(run.look())  # one per model, not one per worker
+        body = {"model": chat.path, "messages": HELLO}
+        for answer in _from_both(run, "/v1/chat/completions", body).values():
+            assert answer["choices"][0]["message"]["content"] == chat.scenario.answer
+        streamed: dict[str, str] = {}
+        for _ in range(40):
+            with httpx.stream(
+                "POST", f"{run.url}/v1/chat/completions", json={**body, "stream": True}
+            ) as response:
+                worker = response.headers[WORKER_HEADER]
+                text = ""
+                for line in response.iter_lines():
+                    if line.startswith("data: {"):
+                        for choice in json.loads(line[6:])["choices"]:
+                            text += choice["delta"].get("content") or ""
+            streamed.setdefault(worker, text)
+            if len(streamed) == 2:
+                break
+        assert streamed == {"0": chat.scenario.answer, "1": chat.scenario.answer}
+        vectors = _from_both(run, "/v1/embeddings", {"model": embedder, "input": ["a", "b"]})
+        assert vectors["0"]["data"] == vectors["1"]["data"]
+
+        # A stream that would run to the end of the context, cancelled after a few chunks: the
+        # engine core aborts it (its process goes idle) instead of generating on for nobody.
+        long = {**body, "stream": True, "max_tokens": 400, "ignore_eos": True}
+        with httpx.stream("POST", f"{run.url}/v1/chat/completions", json=long) as response:
+            for number, _ in enumerate(response.iter_lines()):
+                if number > 6:
+                    break
+        time.sleep(1.0)
+        busy = [p for c in cores for p in (c, *c.children(recursive=True))]
+        spent = sum(sum(p.cpu_times()[:2]) for p in busy)
+        time.sleep(2.0)
+        assert sum(sum(p.cpu_times()[:2]) for p in busy) - spent < 0.5, "the stream ran on"
+
+        run.child.send_signal(signal.SIGTERM)
+        assert run.child.wait(timeout=90) == 0, run.text()
+        left, shm_left, _ = wait_gone(list(run.tree.values()), shm_entries() - before, 30)
+        assert not left and not shm_left, (describe(left), shm_left)
+
+
+def test_sigkill_of_the_launcher_leaves_nothing_within_10_s(
+    scripted_root: Path, tmp_path: Path
+) -> None:
+    chat = scripted_model("llama3", scripted_root)
+    before = shm_entries()
+    with launched(tmp_path, "--workers", "2", "--model", chat.path) as run:
+        entries = shm_entries() - before
+        run.child.kill()
+        left, shm_left, _ = wait_gone(list(run.tree.values()), entries, timeout=10)
+        assert not left and not shm_left, (describe(left), shm_left, run.text())
+
+
+def test_sigkill_in_the_middle_of_a_start_leaves_nothing(
+    scripted_root: Path, tmp_path: Path
+) -> None:
+    chat = scripted_model("llama3", scripted_root)
+    with launched(tmp_path, "--workers", "2", "--model", chat.path, healthy=False) as run:
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:  # the workers and the fork server importing
+            run.look()
+            time.sleep(0.1)
+        assert len(run.look()) >= 3, run.text()
+        run.child.kill()
+        left, _, _ = wait_gone(list(run.tree.values()), set(), timeout=10)
+        assert not left, (describe(left), run.text())
+
+
+def test_a_killed_worker_stops_the_whole_group(scripted_root: Path, tmp_path: Path) -> None:
+    chat = scripted_model("llama3", scripted_root)
+    before = shm_entries()
+    with launched(tmp_path, "--workers", "2", "--model", chat.path) as run:
+        entries = shm_entries() - before
+        worker = run.named("multiprocessing.spawn")[0]
+        worker.kill()
+        assert run.child.wait(timeout=90) == 1, run.text()
+        assert "exited with status -9: stopping the group" in run.text()
+        left, shm_left, _ = wait_gone(list(run.tree.values()), entries, timeout=30)
+        assert not left and not shm_left, (describe(left), shm_left)
+
+
+def test_bad_use_gets_a_clear_error_and_leaves_no_process(tmp_path: Path) -> None:
+    with launched(tmp_path, "--workers", "0", healthy=False) as run:
+        assert run.child.wait(timeout=60) == 2
+        assert "--workers: must be a whole number of worker processes, 1 or more; got '0'" in (
+            run.text()
+        )
+    missing = str(tmp_path / "no-such-model")
+    with launched(tmp_path, "--workers", "2", "--model", missing, healthy=False) as run:
+        assert run.child.wait(timeout=120) == 1, run.text()
+        assert f"Model path {missing!r} does not exist" in run.text()
+        run.look()
+        left, _, _ = wait_gone(list(run.tree.values()), set(), timeout=30)
+        assert not left, describe(left)

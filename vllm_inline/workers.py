@@ -1,0 +1,209 @@
+"""An ASGI app in N worker processes on one engine per model: ``--workers N`` without N copies.
+
+    python -m vllm_inline run --workers 2 myapp:app            # your app, as uvicorn runs it
+    python -m vllm_inline serve --workers 2 --model M          # the OpenAI-compatible server
+
+The launcher (this module, the parent of everything) listens on the port, starts an
+:class:`~vllm_inline.engine.life.group.EngineGroup` and N uvicorn workers sharing the socket, as
+``uvicorn --workers`` and ``vllm serve --api-server-count`` share theirs. The app's code does not
+change: when a worker's engine starts (``ChatVLLM(...)``, ``get_engine(...)``, in the lifespan or
+at the first request), the group starts that model's engine cores once, in processes of the
+launcher, and every worker's engine is a front end of its own on them (vLLM's multi-API-server
+mode, :mod:`vllm_inline.engine.seam.vllm_group`).
+
+**One dies, all stop.** A worker that exits (killed, crashed, out of memory), or an engine core
+that dies, stops the whole group and the launcher exits with status 1, as ``vllm serve`` does
+with its API servers: let the supervisor (systemd, Kubernetes, Docker) restart it. A worker is
+not restarted alone because vLLM's engine core cannot take a new front end in its place: it
+sends its ready message once per client index, does not notice a front end going away (the
+dead worker's requests would run on, holding KV cache), and a utility reply meant for the dead
+front end reaches the new one (``vllm/v1/engine/core.py``, ``core_client.py``). Stopping the
+group ends the dead worker's requests with the engine cores.
+
+SIGTERM or SIGINT: the workers drain (uvicorn's graceful shutdown, ``--graceful-timeout``), then
+the engine cores stop; status 0. SIGKILL: the workers are killed with the launcher (Linux's
+parent-death signal) and the engine cores end on their own (they watch their parent).
+There is no worker health check: a worker whose engine is still loading is not killed for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Mapping
+from multiprocessing.connection import wait
+from typing import Any
+
+from vllm_inline.engine.life.group import EngineGroup, worker_index
+
+__all__ = ["WORKER_HEADER", "run"]
+
+logger = logging.getLogger("vllm_inline")
+
+WORKER_HEADER = "x-vllm-inline-worker"
+"""The response header that says which worker answered (its number)."""
+
+_PR_SET_PDEATHSIG = 1
+
+
+def run(
+    app: str,
+    *,
+    workers: int,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    factory: bool = False,
+    graceful_timeout: float = 30.0,
+    environment: Mapping[str, str] | None = None,
+    log_level: str = "info",
+) -> int:
+    """Serve the ASGI app ``app`` (``"module:attribute"``; a callable returning the app with
+    ``factory=True``) from ``workers`` processes on one engine per model, until SIGTERM or
+    SIGINT (status 0) or until a worker or an engine core dies (status 1).
+    ``environment``: more variables for the workers."""
+    group = EngineGroup(workers)  # checks workers
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    try:
+        import uvicorn
+    except ImportError as e:
+        raise RuntimeError(
+            f"--workers needs uvicorn: pip install 'vllm-inline[server]' ({e})"
+        ) from e
+    config = uvicorn.Config(app, host=host, port=port, factory=factory)
+    sock = config.bind_socket()  # before anything starts: a port in use fails here
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    group.start()
+    from vllm_inline.engine.seam import vllm_processes
+
+    vllm_processes.warm_up()  # the engine cores' fork server imports while the workers do
+    context = multiprocessing.get_context("spawn")
+    processes = []
+    status = 1
+    try:
+        for index in range(workers):
+            settings = {
+                "app": app,
+                "factory": factory,
+                "graceful_timeout": graceful_timeout,
+                "log_level": log_level,
+                "environment": {**(environment or {}), **group.environment(index)},
+            }
+            process = context.Process(
+                target=_worker, args=(settings, sock), name=f"vllm-inline-worker-{index}"
+            )
+            process.start()
+            processes.append(process)
+        logger.info(
+            "vllm-inline: %d workers on http://%s:%d (pids %s)",
+            workers,
+            host,
+            port,
+            [p.pid for p in processes],
+        )
+        status = _supervise(processes, group, stop)
+    finally:
+        _stop_workers(processes, graceful_timeout)
+        group.shutdown()
+        sock.close()
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    return status
+
+
+def _supervise(processes: list[Any], group: EngineGroup, stop: threading.Event) -> int:
+    """Wait until a signal (0) or until a worker or an engine core ends (1)."""
+    while not stop.is_set():
+        engines = group.sentinels()
+        ended = wait([p.sentinel for p in processes] + engines, timeout=0.5)
+        if stop.is_set():
+            break
+        for process in processes:
+            if process.sentinel in ended:
+                logger.error(
+                    "vllm-inline: worker %s (pid %s) exited with status %s: stopping the group "
+                    "(one worker cannot be replaced on engine cores shared by all; see "
+                    "vllm_inline.workers)",
+                    process.name,
+                    process.pid,
+                    process.exitcode,
+                )
+                return 1
+        if any(s in ended for s in engines):
+            logger.error("vllm-inline: an engine core of the group died: stopping the group")
+            return 1
+    return 0
+
+
+def _stop_workers(processes: list[Any], grace: float) -> None:
+    """SIGTERM (uvicorn drains, the lifespan stops the engines' front ends), then SIGKILL."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = grace + 10
+    for process in processes:
+        process.join(timeout=deadline)
+        if process.is_alive():
+            logger.warning("vllm-inline: worker %s did not stop in time: killed", process.name)
+            process.kill()
+            process.join(timeout=5)
+
+
+def _worker(settings: dict[str, Any], sock: socket.socket) -> None:
+    """A worker process: the app under uvicorn on the launcher's socket."""
+    _die_with_parent()
+    os.environ.update(settings["environment"])
+    import uvicorn
+
+    config = uvicorn.Config(
+        settings["app"],
+        factory=settings["factory"],
+        lifespan="on",
+        log_level=settings["log_level"],
+        timeout_graceful_shutdown=settings["graceful_timeout"],
+    )
+    config.load()
+    config.loaded_app = _WorkerHeader(config.loaded_app, worker_index())
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    if not server.started:  # the lifespan failed (an engine that cannot start): said above
+        sys.exit(3)
+
+
+def _die_with_parent() -> None:
+    """Have Linux kill this process when the launcher dies, however it dies (SIGKILL too)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the launcher died before the line above
+        os._exit(1)
+
+
+class _WorkerHeader:
+    """ASGI middleware: says which worker answered, in the :data:`WORKER_HEADER` header."""
+
+    def __init__(self, app: Any, index: int | None) -> None:
+        self.app = app
+        self.value = str(index).encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_header(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                headers.append((WORKER_HEADER.encode(), self.value))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_header)
