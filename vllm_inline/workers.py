@@ -30,20 +30,24 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import logging
-import multiprocessing
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Mapping
 from multiprocessing.connection import wait
 from typing import Any
 
 from vllm_inline.engine.life.group import EngineGroup, worker_index
+from vllm_inline.engine.life.metrics import MULTIPROCESS_VARIABLE
 
-__all__ = ["WORKER_HEADER", "run"]
+__all__ = ["WORKER_HEADER", "run", "worker_main"]
 
 logger = logging.getLogger("vllm_inline")
 
@@ -51,6 +55,7 @@ WORKER_HEADER = "x-vllm-inline-worker"
 """The response header that says which worker answered (its number)."""
 
 _PR_SET_PDEATHSIG = 1
+_SETTINGS_VARIABLE = "VLLMINLINE_WORKER_SETTINGS"
 
 
 def run(
@@ -85,8 +90,10 @@ def run(
     from vllm_inline.engine.seam import vllm_processes
 
     vllm_processes.warm_up()  # the engine cores' fork server imports while the workers do
-    context = multiprocessing.get_context("spawn")
-    processes = []
+    # prometheus_client's multiprocess mode, as vllm serve sets it for its API servers: each
+    # worker's /metrics reads every worker's values (engine.life.metrics).
+    metrics_dir = _metrics_directory()
+    processes: list[_Worker] = []
     status = 1
     try:
         for index in range(workers):
@@ -95,13 +102,18 @@ def run(
                 "factory": factory,
                 "graceful_timeout": graceful_timeout,
                 "log_level": log_level,
-                "environment": {**(environment or {}), **group.environment(index)},
+                "path": sys.path,
+                "socket": sock.fileno(),
+                "parent": os.getpid(),
             }
-            process = context.Process(
-                target=_worker, args=(settings, sock), name=f"vllm-inline-worker-{index}"
-            )
-            process.start()
-            processes.append(process)
+            variables = {
+                **os.environ,
+                MULTIPROCESS_VARIABLE: metrics_dir,
+                **(environment or {}),
+                **group.environment(index),
+                _SETTINGS_VARIABLE: json.dumps(settings),
+            }
+            processes.append(_Worker(index, sock, variables))
         logger.info(
             "vllm-inline: %d workers on http://%s:%d (pids %s)",
             workers,
@@ -114,12 +126,72 @@ def run(
         _stop_workers(processes, graceful_timeout)
         group.shutdown()
         sock.close()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
         for number, handler in previous.items():
             signal.signal(number, handler)
     return status
 
 
-def _supervise(processes: list[Any], group: EngineGroup, stop: threading.Event) -> int:
+def _metrics_directory() -> str:
+    """A new directory for the workers' metric files, named after this launcher; those of
+    launchers that were killed (none of them runs) are removed first."""
+    prefix = "vllm-inline-metrics-"
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        owner = name[len(prefix) :].split("-", 1)[0]
+        if name.startswith(prefix) and owner.isdigit() and not _running(int(owner)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _Worker:
+    """One worker: a new interpreter (not a ``multiprocessing`` child, which would skip the
+    app's ``atexit`` handlers) running :func:`worker_main` on the launcher's socket."""
+
+    def __init__(self, index: int, sock: socket.socket, environment: dict[str, str]) -> None:
+        self.name = f"worker {index}"
+        command = [
+            sys.executable,
+            "-c",
+            "from vllm_inline.workers import worker_main; worker_main()",
+        ]
+        self.process = subprocess.Popen(command, env=environment, pass_fds=[sock.fileno()])
+        self.pid = self.process.pid
+        self.sentinel = os.pidfd_open(self.pid)  # readable once the process has ended
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.process.poll()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+
+    def join(self, timeout: float) -> bool:
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        os.close(self.sentinel)
+
+
+def _supervise(processes: list[_Worker], group: EngineGroup, stop: threading.Event) -> int:
     """Wait until a signal (0) or until a worker or an engine core ends (1)."""
     while not stop.is_set():
         engines = group.sentinels()
@@ -129,7 +201,7 @@ def _supervise(processes: list[Any], group: EngineGroup, stop: threading.Event) 
         for process in processes:
             if process.sentinel in ended:
                 logger.error(
-                    "vllm-inline: worker %s (pid %s) exited with status %s: stopping the group "
+                    "vllm-inline: %s (pid %s) exited with status %s: stopping the group "
                     "(one worker cannot be replaced on engine cores shared by all; see "
                     "vllm_inline.workers)",
                     process.name,
@@ -143,24 +215,21 @@ def _supervise(processes: list[Any], group: EngineGroup, stop: threading.Event) 
     return 0
 
 
-def _stop_workers(processes: list[Any], grace: float) -> None:
+def _stop_workers(processes: list[_Worker], grace: float) -> None:
     """SIGTERM (uvicorn drains, the lifespan stops the engines' front ends), then SIGKILL."""
     for process in processes:
-        if process.is_alive():
-            process.terminate()
-    deadline = grace + 10
+        process.stop()
     for process in processes:
-        process.join(timeout=deadline)
-        if process.is_alive():
-            logger.warning("vllm-inline: worker %s did not stop in time: killed", process.name)
-            process.kill()
-            process.join(timeout=5)
+        if not process.join(timeout=grace + 10):
+            logger.warning("vllm-inline: %s did not stop in time: killed", process.name)
+        process.kill()
 
 
-def _worker(settings: dict[str, Any], sock: socket.socket) -> None:
+def worker_main() -> None:
     """A worker process: the app under uvicorn on the launcher's socket."""
-    _die_with_parent()
-    os.environ.update(settings["environment"])
+    settings = json.loads(os.environ.pop(_SETTINGS_VARIABLE))
+    _die_with_parent(settings["parent"])
+    sys.path[:] = settings["path"]
     import uvicorn
 
     config = uvicorn.Config(
@@ -173,17 +242,23 @@ def _worker(settings: dict[str, Any], sock: socket.socket) -> None:
     config.load()
     config.loaded_app = _WorkerHeader(config.loaded_app, worker_index())
     server = uvicorn.Server(config)
+    sock = socket.socket(fileno=settings["socket"])
+    # uvicorn re-raises the stop signal once it has shut down, which would end this process
+    # before its atexit handlers: with these handlers the re-raised signal returns, and the
+    # interpreter exits normally.
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda *_: None)
     server.run(sockets=[sock])
     if not server.started:  # the lifespan failed (an engine that cannot start): said above
         sys.exit(3)
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(launcher: int) -> None:
     """Have Linux kill this process when the launcher dies, however it dies (SIGKILL too)."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:  # the launcher died before the line above
+    if os.getppid() != launcher:  # the launcher died before the line above
         os._exit(1)
 
 

@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import secrets
-import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -79,7 +78,10 @@ def attach(
     key = json.dumps([model, dict(requested)], sort_keys=True, default=repr)
     address = os.environ[ADDRESS_VARIABLE]
     try:
-        connection = Client(address, authkey=bytes.fromhex(os.environ[KEY_VARIABLE]))
+        connection = Client(
+            "\0" + address[1:] if address.startswith("@") else address,
+            authkey=bytes.fromhex(os.environ[KEY_VARIABLE]),
+        )
     except OSError as e:
         raise ModelLoadError(
             f"This process is a worker of an engine group ({ADDRESS_VARIABLE}={address}) whose "
@@ -125,7 +127,8 @@ class EngineGroup:
         self.workers = workers
         """How many front ends each engine serves (client indexes ``0..workers-1``)."""
         self._key = secrets.token_bytes(32)
-        self._dir = tempfile.mkdtemp(prefix="vllm-inline-group-")
+        # Linux's abstract socket namespace: no file to leave behind when the owner is killed.
+        self._address = f"\0vllm-inline-group-{secrets.token_hex(8)}"
         self._listener: Listener | None = None
         self._entries: dict[str, _Entry] = {}
         self._indexes: dict[int, int] = {}  # worker pid -> client index
@@ -141,16 +144,15 @@ class EngineGroup:
 
     def start(self) -> dict[str, str]:
         """Listen for workers; returns :meth:`environment`."""
-        self._listener = Listener(
-            os.path.join(self._dir, "group"), family="AF_UNIX", authkey=self._key
-        )
+        self._listener = Listener(self._address, family="AF_UNIX", authkey=self._key)
         threading.Thread(target=self._accept, name="vllm-inline:group", daemon=True).start()
         return self.environment()
 
     def environment(self, worker: int | None = None) -> dict[str, str]:
         """The variables that make a process a worker of this group (number ``worker``)."""
         assert self._listener is not None, "call start() first"
-        environment = {ADDRESS_VARIABLE: str(self._listener.address), KEY_VARIABLE: self._key.hex()}
+        # "@" for the leading NUL, which an environment variable cannot hold.
+        environment = {ADDRESS_VARIABLE: "@" + self._address[1:], KEY_VARIABLE: self._key.hex()}
         if worker is not None:
             environment[WORKER_VARIABLE] = str(worker)
         return environment
@@ -179,10 +181,6 @@ class EngineGroup:
         from vllm_inline.engine.seam import vllm_processes
 
         vllm_processes.stop_when_idle()
-        try:
-            os.rmdir(self._dir)
-        except OSError:
-            pass
 
     def _accept(self) -> None:
         listener = self._listener

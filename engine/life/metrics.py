@@ -19,12 +19,14 @@ Nothing here imports vLLM.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from vllm_inline.engine.errors import StatsDisabledError
+from vllm_inline.engine.life import group
 from vllm_inline.engine.seam.vllm_types import IterationStats, SchedulerStats
 
 __all__ = [
@@ -54,8 +56,32 @@ def prometheus_registry() -> Any:
         if _registry is None:
             from prometheus_client import CollectorRegistry  # a dependency of vLLM
 
-            _registry = CollectorRegistry(auto_describe=True)
+            if group.joined() and os.environ.get(MULTIPROCESS_VARIABLE):
+                _registry = _group_registry(CollectorRegistry)
+            else:
+                _registry = CollectorRegistry(auto_describe=True)
         return _registry
+
+
+MULTIPROCESS_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
+"""prometheus_client's multiprocess mode: set by a group's launcher for its workers."""
+
+
+def _group_registry(base: type) -> Any:
+    """A worker's registry: its metrics register here as in one process, and collecting it
+    reads every worker's values from prometheus_client's multiprocess files (the engine cores
+    are shared, so a worker alone has only the requests it served), as ``vllm serve
+    --api-server-count N`` serves them."""
+
+    class GroupRegistry(base):  # type: ignore[misc,valid-type]
+        def collect(self) -> Any:
+            from prometheus_client import CollectorRegistry, multiprocess
+
+            every_worker = CollectorRegistry()
+            multiprocess.MultiProcessCollector(every_worker)
+            return every_worker.collect()
+
+    return GroupRegistry(auto_describe=True)
 
 
 @dataclass(frozen=True, slots=True)

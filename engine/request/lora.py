@@ -14,6 +14,7 @@ path, and the engine keeps serving. Loading it inside a batch instead would kill
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import os
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_inline.engine.errors import BadRequestError
+from vllm_inline.engine.life import group
 from vllm_inline.engine.life.runtime import Runtime
 from vllm_inline.engine.seam.vllm_types import LoRARequest
 
@@ -42,7 +44,9 @@ class Adapter:
     name: str
     """vLLM's ``lora_name``: unique in the engine (vLLM compares adapters by name)."""
     id: int
-    """vLLM's ``lora_int_id``: 1, 2, ... in the order the engine first saw the paths."""
+    """vLLM's ``lora_int_id``: 1, 2, ... in the order the engine first saw the paths; in a
+    worker of an engine group, a number drawn from the path, the same in every worker (they
+    share the engine core, which knows adapters by this id)."""
     path: str
     """Absolute, symlink-resolved adapter directory."""
 
@@ -99,13 +103,19 @@ class LoRARegistry:
                         parameter="lora",
                         value=path,
                     )
-                number = next(self._ids)
+                number = _shared_id(key) if group.joined() else next(self._ids)
                 vllm_name = wanted if taken is None else f"{wanted}-{number}"
                 adapter = self._by_path[key] = Adapter(vllm_name, number, key)
                 self._by_name.setdefault(vllm_name, adapter)
             if name:
                 self._by_name.setdefault(name, adapter)  # an alias for the same directory
             return adapter
+
+
+def _shared_id(path: str) -> int:
+    """An adapter id from its path: the same in every process, 1 to 2**31 - 2."""
+    digest = hashlib.sha256(path.encode()).digest()
+    return 1 + int.from_bytes(digest[:8], "big") % (2**31 - 2)
 
 
 async def lora_request(runtime: Runtime, adapter: Adapter | None) -> LoRARequest | None:

@@ -189,7 +189,6 @@ CONTRACT: tuple[Use, ...] = (
     _u("vllm.v1.engine.utils", "CoreEngineLaunch", members=("engine_manager",)),
     _u("vllm.v1.engine.utils", "CoreEngineProcManager", members=("shutdown", "processes")),
     _u("vllm.v1.executor", "Executor", members=("get_class",)),
-    _u("vllm.utils.network_utils", "get_open_zmq_ipc_path"),
     _u(
         "vllm.v1.engine.async_llm",
         "AsyncLLM.generate",

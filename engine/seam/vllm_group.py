@@ -9,7 +9,7 @@ processing. :func:`launch_shared` is the launcher's half, for one model; the fro
 :func:`.vllm_engine.start_engine` with ``client=``.
 
 Unlike vLLM's launcher, which binds every front end's sockets before its API servers exist
-(``bind_engine_zmq_listeners``), the addresses here are IPC paths that each front end binds
+(``bind_engine_zmq_listeners``, 0.32 on), the addresses here are IPC names that each front end binds
 itself when its app starts the engine (the engine cores connect and their messages wait until
 it does): the workers are already running when the first of them asks for an engine.
 
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
 from vllm import AsyncEngineArgs
-from vllm.utils.network_utils import get_open_zmq_ipc_path
 from vllm.v1.engine.utils import EngineZmqAddresses, launch_core_engines
 from vllm.v1.executor import Executor
 
@@ -95,9 +95,11 @@ def launch_shared(
     # The usage context the front ends' from_engine_args uses: it sets batch-size defaults.
     config = args.create_engine_config()
     executor_class = Executor.get_class(config)
+    # In Linux's abstract namespace ("@"), where vLLM's own paths are files in /tmp that stay
+    # behind: nothing is left on disk however the group ends.
     addresses = EngineZmqAddresses(
-        inputs=[get_open_zmq_ipc_path() for _ in range(count)],
-        outputs=[get_open_zmq_ipc_path() for _ in range(count)],
+        inputs=[f"ipc://@vllm-inline-{secrets.token_hex(12)}" for _ in range(count)],
+        outputs=[f"ipc://@vllm-inline-{secrets.token_hex(12)}" for _ in range(count)],
     )
     # The front ends' AsyncLLM logs stats when it has stat loggers: with the caller's stats on
     # (.vllm_engine.start_engine), whatever disable_log_stats says.

@@ -17,6 +17,7 @@ Imported only when an engine starts.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -51,7 +52,8 @@ def _shared(cls: Callable[..., Any], **kwargs: Any) -> Any:
         metric = _metrics.get(name)
         if metric is not None and type(metric) is cls and tuple(metric._labelnames) == labelnames:
             return metric
-        kwargs.pop("multiprocess_mode", None)  # only for prometheus_client's multiprocess mode
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # only read in multiprocess mode
+            kwargs.pop("multiprocess_mode", None)
         if metric is not None:  # same name, other labels: keep it apart, unexported
             return cls(**kwargs, registry=None)
         metric = _metrics[name] = cls(**kwargs, registry=_registry[0])

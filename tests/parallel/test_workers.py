@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -121,7 +122,7 @@ def test_two_workers_answer_from_one_engine_core_per_model(
     with launched(
         tmp_path, "--workers", "2", "--model", chat.path, "--embedding-model", embedder
     ) as run:
-        workers = run.named("multiprocessing.spawn")
+        workers = run.named("import worker_main")
         cores = [p for p in run.look() if p.name().startswith("VLLM::EngineCore")]
         assert len(workers) == 2, describe(run.look())
         assert len(cores) == 2, describe(run.look())  # one per model, not one per worker
@@ -197,7 +198,7 @@ def test_a_killed_worker_stops_the_whole_group(scripted_root: Path, tmp_path: Pa
     before = shm_entries()
     with launched(tmp_path, "--workers", "2", "--model", chat.path) as run:
         entries = shm_entries() - before
-        worker = run.named("multiprocessing.spawn")[0]
+        worker = run.named("import worker_main")[0]
         worker.kill()
         assert run.child.wait(timeout=90) == 1, run.text()
         assert "exited with status -9: stopping the group" in run.text()
@@ -218,3 +219,103 @@ def test_bad_use_gets_a_clear_error_and_leaves_no_process(tmp_path: Path) -> Non
         run.look()
         left, _, _ = wait_gone(list(run.tree.values()), set(), timeout=30)
         assert not left, describe(left)
+
+
+def _each_worker(run: Launched, path: str) -> dict[str, Any]:
+    """GET ``path`` on new connections until both workers have answered; answers by worker."""
+    answers: dict[str, Any] = {}
+    for _ in range(40):
+        response = httpx.get(f"{run.url}{path}", timeout=60)
+        assert response.status_code == 200, response.text
+        answer = response.json()
+        assert answer["worker"] == response.headers[WORKER_HEADER]
+        answers.setdefault(answer["worker"], answer)
+        if len(answers) == 2:
+            return answers
+    raise AssertionError(f"only worker(s) {sorted(answers)} answered {path}")
+
+
+def _metric_sum(text: str, name: str, model: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'model_name="{model}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_a_users_app_under_run_works_from_every_worker(scripted_root: Path, tmp_path: Path) -> None:
+    """``python -m vllm_inline run --workers 2 module:factory``: streaming, LoRA per request,
+    tool calls and reranking from both workers on one engine core per model, ``/metrics``
+    summed over the workers."""
+    from test_lora import _SCRIPTS, HELLO, PARIS, write_lm_head_adapter
+
+    from vllm_inline.testing.reranker import build_reranker_model
+
+    chat = scripted_model("llama3", scripted_root)
+    tools = scripted_model("chatml_tools", scripted_root)
+    reranker = str(build_reranker_model(scripted_root))
+    adapters = {
+        name: write_lm_head_adapter(Path(chat.path), tmp_path / name, script)
+        for name, script in _SCRIPTS.items()
+    }
+    settings = {
+        "chat": chat.path,
+        "tools": tools.path,
+        "reranker": reranker,
+        "adapters": adapters,
+        "vllm_kwargs": dict(CPU_TEST_ENGINE_KWARGS),
+    }
+    port = free_port()
+    command = [
+        sys.executable, "-m", "vllm_inline", "run", "--workers", "2", "--factory",
+        "--port", str(port), "worker_app:create_app",
+    ]  # fmt: skip
+    environment = {**os.environ, "WORKER_APP": json.dumps(settings)}
+    log_path = tmp_path / "launcher.log"
+    before = shm_entries()
+    with log_path.open("w") as log:
+        child = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+            cwd=Path(__file__).parent,
+            env=environment,
+        )
+        run = Launched(child, log_path, f"http://127.0.0.1:{port}")
+        try:
+            deadline = time.monotonic() + 400
+            while not _healthy_route(run):
+                run.look()
+                assert child.poll() is None, run.text()
+                assert time.monotonic() < deadline, "the app did not start\n" + run.text()
+                time.sleep(0.5)
+            cores = [p for p in run.look() if p.name().startswith("VLLM::EngineCore")]
+            assert len(cores) == 3, describe(run.look())  # three models, two workers
+            for adapter, text in ((None, chat.scenario.answer), ("paris", PARIS), ("hello", HELLO)):
+                path = "/chat" + (f"?adapter={adapter}" if adapter else "")
+                for answer in _each_worker(run, path).values():
+                    assert answer["text"] == text and answer["chunks"] > 1, answer
+            for answer in _each_worker(run, "/tools").values():
+                expected = {"name": "get_weather", "args": {"city": "Oslo"}}
+                assert answer["tool_calls"] == [expected]
+            ranked = _each_worker(run, "/rerank")
+            assert ranked["0"]["ranked"] == ranked["1"]["ranked"]
+            served = sum(a["requests"] for a in _each_worker(run, "/stats").values())
+            assert served >= 6  # each worker counts its own requests
+            metrics = httpx.get(f"{run.url}/metrics", timeout=30).text
+            assert _metric_sum(metrics, "vllm:request_success_total", chat.path) == served
+            run.child.send_signal(signal.SIGTERM)
+            assert run.child.wait(timeout=90) == 0, run.text()
+            left, shm_left, _ = wait_gone(list(run.tree.values()), shm_entries() - before, 30)
+            assert not left and not shm_left, (describe(left), shm_left)
+        finally:
+            run.look()
+            clean_up(run.tree.values(), shm_entries() - before)
+
+
+def _healthy_route(run: Launched) -> bool:
+    try:
+        return httpx.get(f"{run.url}/stats", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
