@@ -1,12 +1,12 @@
 """A FastAPI endpoint streaming Server-Sent Events from ``ChatVLLM.astream``, in one process.
 
-    python examples/fastapi_sse.py [--model M] [--port 8000]
+    python examples/fastapi_sse.py [--model M] [--port 8000] [--workers N]
     curl -N 'http://127.0.0.1:8000/chat?q=Hello'
     curl http://127.0.0.1:8000/metrics/        # vLLM's Prometheus metrics of the engine
 
-or ``MODEL=<hub id or path> uvicorn examples.fastapi_sse:app``. The engine lives in the server
-process: run one worker per engine (``--workers 1``; every worker process loads its own copy of
-the model).
+or ``MODEL=<hub id or path> uvicorn examples.fastapi_sse:app``. The engine's front end lives in
+the server process; ``--workers N`` runs N of them on one engine (``vllm_inline.workers``), where
+``uvicorn --workers N`` would load N copies of the model.
 """
 
 from __future__ import annotations
@@ -80,5 +80,14 @@ if __name__ == "__main__":
     parser.add_argument("--model", help="hub id or local path (default: embedded demo model)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--workers", type=int, default=1, help="worker processes (default: 1)")
     args = parser.parse_args()
+    if args.workers != 1:
+        from vllm_inline.workers import run
+
+        module = os.path.splitext(os.path.basename(__file__))[0]
+        variables = {"MODEL": args.model} if args.model else {}
+        served = run(f"{module}:app", workers=args.workers, host=args.host, port=args.port,
+                     environment=variables)  # fmt: skip
+        raise SystemExit(served)
     uvicorn.run(create_app(args.model) if args.model else app, host=args.host, port=args.port)

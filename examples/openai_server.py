@@ -2,6 +2,7 @@
 route, a LangChain RAG chain on the same engines.
 
     python examples/openai_server.py [--model M] [--embedding-model E] [--port 8000] [--api-key K]
+        [--workers N]
     curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
         -d '{"messages": [{"role": "user", "content": "Hello"}], "stream": true}'
     curl 'http://127.0.0.1:8000/ask?q=What+does+vllm-inline+do'
@@ -11,7 +12,8 @@ route, a LangChain RAG chain on the same engines.
 ``vllm serve``'s wire format and guard (``--api-key`` or ``$VLLM_API_KEY`` locks ``/v1``). The
 ``/ask`` route is yours: it retrieves with ``VLLMEmbeddings`` and answers with ``ChatVLLM``, on
 the very engines the API serves (``get_engine`` hands out one engine per model and options).
-Run one worker: every worker process would load its own copy of the models.
+``--workers N`` runs N worker processes on one engine per model (``vllm_inline.workers``): not
+N copies of the models.
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ def create_app(
     """The app: the API on a chat model and an embedder (default: the scripted demo models),
     and ``/ask`` on the same two engines."""
     model = model or os.environ.get("MODEL") or str(build_scripted_model("demo"))
-    embedding_model = embedding_model or str(build_embedding_model())
+    embedding_model = (
+        embedding_model or os.environ.get("EMBEDDING_MODEL") or str(build_embedding_model())
+    )
     options = dict(vllm_kwargs or {})
     llm = ChatVLLM(model=model, vllm_kwargs=options)
     embedder = VLLMEmbeddings(model=embedding_model, vllm_kwargs=options)
@@ -76,7 +80,7 @@ def create_app(
     return app
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
@@ -85,10 +89,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"))
+    parser.add_argument("--workers", type=int, default=1, help="worker processes (default: 1)")
     args = parser.parse_args(argv)
+    if args.workers != 1:  # each worker builds the app from these variables
+        from vllm_inline.workers import run
+
+        settings = {"MODEL": args.model, "EMBEDDING_MODEL": args.embedding_model}
+        settings["VLLM_API_KEY"] = args.api_key
+        variables = {name: value for name, value in settings.items() if value}
+        module = os.path.splitext(os.path.basename(__file__))[0]
+        return run(f"{module}:create_app", factory=True, workers=args.workers, host=args.host,
+                   port=args.port, environment=variables)  # fmt: skip
     app = create_app(args.model, args.embedding_model, limits=Limits(api_key=args.api_key))
     uvicorn.run(app, host=args.host, port=args.port)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -319,3 +319,74 @@ def _healthy_route(run: Launched) -> bool:
         return httpx.get(f"{run.url}/stats", timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+@contextlib.contextmanager
+def example(tmp_path: Path, script: str, *arguments: str) -> Iterator[Launched]:
+    port = free_port()
+    command = [sys.executable, str(EXAMPLES / script), "--port", str(port), *arguments]
+    log_path = tmp_path / f"{script}.log"
+    before = shm_entries()
+    with log_path.open("w") as log:
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, process_group=0)
+        run = Launched(child, log_path, f"http://127.0.0.1:{port}")
+        try:
+            yield run
+            run.child.send_signal(signal.SIGTERM)
+            assert run.child.wait(timeout=90) == 0, run.text()
+            left, shm_left, _ = wait_gone(list(run.tree.values()), shm_entries() - before, 30)
+            assert not left and not shm_left, (describe(left), shm_left)
+        finally:
+            run.look()
+            clean_up(run.tree.values(), shm_entries() - before)
+
+
+def _wait_for(run: Launched, path: str) -> None:
+    deadline = time.monotonic() + 300
+    while True:
+        run.look()
+        assert run.child.poll() is None, run.text()
+        assert time.monotonic() < deadline, f"{path} never answered\n" + run.text()
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{run.url}{path}", timeout=5).status_code == 200:
+                return
+        time.sleep(0.5)
+
+
+def test_the_openai_server_example_with_two_workers(scripted_root: Path, tmp_path: Path) -> None:
+    chat = scripted_model("llama3", scripted_root)
+    with example(tmp_path, "openai_server.py", "--model", chat.path, "--workers", "2") as run:
+        _wait_for(run, "/health")
+        cores = [p for p in run.look() if p.name().startswith("VLLM::EngineCore")]
+        assert len(cores) == 2, describe(run.look())  # the chat model and the embedder
+        assert len(run.named("import worker_main")) == 2
+        body = {"model": chat.path, "messages": HELLO}
+        for answer in _from_both(run, "/v1/chat/completions", body).values():
+            assert answer["choices"][0]["message"]["content"] == chat.scenario.answer
+        asked: set[str] = set()
+        for _ in range(40):
+            response = httpx.get(f"{run.url}/ask", params={"q": "What is it?"}, timeout=60)
+            assert response.status_code == 200 and response.json()["sources"], response.text
+            asked.add(response.headers[WORKER_HEADER])
+            if len(asked) == 2:
+                break
+        assert asked == {"0", "1"}
+
+
+def test_the_sse_example_with_two_workers(scripted_root: Path, tmp_path: Path) -> None:
+    chat = scripted_model("llama3", scripted_root)
+    with example(tmp_path, "fastapi_sse.py", "--model", chat.path, "--workers", "2") as run:
+        _wait_for(run, "/metrics/")
+        cores = [p for p in run.look() if p.name().startswith("VLLM::EngineCore")]
+        assert len(cores) == 1, describe(run.look())
+        seen: dict[str, str] = {}
+        for _ in range(40):
+            response = httpx.get(f"{run.url}/chat", params={"q": "Hello"}, timeout=60)
+            data = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+            seen.setdefault(response.headers[WORKER_HEADER], "".join(data[:-2]))
+            if len(seen) == 2:
+                break
+        assert seen == {"0": chat.scenario.answer, "1": chat.scenario.answer}
