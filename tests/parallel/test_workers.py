@@ -244,15 +244,16 @@ def _metric_sum(text: str, name: str, model: str) -> float:
 
 
 def test_a_users_app_under_run_works_from_every_worker(scripted_root: Path, tmp_path: Path) -> None:
-    """``python -m vllm_inline run --workers 2 module:factory``: streaming, LoRA per request,
-    tool calls and reranking from both workers on one engine core per model, ``/metrics``
-    summed over the workers."""
+    """``python -m vllm_inline run --workers 2 module:factory``: streaming with a priority, LoRA
+    per request, tool calls, reasoning, structured output, a deadline and reranking from both
+    workers on one engine core per model, ``/metrics`` summed over the workers."""
     from test_lora import _SCRIPTS, HELLO, PARIS, write_lm_head_adapter
 
     from vllm_inline.testing.reranker import build_reranker_model
 
     chat = scripted_model("llama3", scripted_root)
     tools = scripted_model("chatml_tools", scripted_root)
+    thinker = scripted_model("chatml_reasoning", scripted_root)
     reranker = str(build_reranker_model(scripted_root))
     adapters = {
         name: write_lm_head_adapter(Path(chat.path), tmp_path / name, script)
@@ -261,6 +262,8 @@ def test_a_users_app_under_run_works_from_every_worker(scripted_root: Path, tmp_
     settings = {
         "chat": chat.path,
         "tools": tools.path,
+        "reasoning": thinker.path,
+        "reasoning_parser": thinker.scenario.reasoning_parser,
         "reranker": reranker,
         "adapters": adapters,
         "vllm_kwargs": dict(CPU_TEST_ENGINE_KWARGS),
@@ -291,7 +294,7 @@ def test_a_users_app_under_run_works_from_every_worker(scripted_root: Path, tmp_
                 assert time.monotonic() < deadline, "the app did not start\n" + run.text()
                 time.sleep(0.5)
             cores = [p for p in run.look() if p.name().startswith("VLLM::EngineCore")]
-            assert len(cores) == 3, describe(run.look())  # three models, two workers
+            assert len(cores) == 4, describe(run.look())  # four models, two workers
             for adapter, text in ((None, chat.scenario.answer), ("paris", PARIS), ("hello", HELLO)):
                 path = "/chat" + (f"?adapter={adapter}" if adapter else "")
                 for answer in _each_worker(run, path).values():
@@ -299,6 +302,12 @@ def test_a_users_app_under_run_works_from_every_worker(scripted_root: Path, tmp_
             for answer in _each_worker(run, "/tools").values():
                 expected = {"name": "get_weather", "args": {"city": "Oslo"}}
                 assert answer["tool_calls"] == [expected]
+            for answer in _each_worker(run, "/reasoning").values():
+                assert answer["reasoning"] == thinker.scenario.reasoning, answer
+            for answer in _each_worker(run, "/structured").values():
+                assert set(answer["mood"]) == {"mood", "sunny"}, answer
+            for answer in _each_worker(run, "/deadline").values():
+                assert answer["timed_out"], answer
             ranked = _each_worker(run, "/rerank")
             assert ranked["0"]["ranked"] == ranked["1"]["ranked"]
             served = sum(a["requests"] for a in _each_worker(run, "/stats").values())
