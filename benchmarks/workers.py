@@ -67,7 +67,9 @@ def side(
             [str(HERE / "simulated_step"), env.get("PYTHONPATH", "")]
         )
         env["VLLMINLINE_SIMULATED_STEP"] = str(step)
-        kwargs.update(max_model_len=512, max_num_seqs=256)
+        # Room for every stream at once: 128 MiB of KV cache holds ~48 of 64 streams of 150
+        # tokens, and the scheduler then runs only those (the rate would be the cache's).
+        kwargs.update(max_num_seqs=512, kv_cache_memory_bytes=2 * 2**30)
     settings: dict[str, Any] = {"mode": "inline", "model": model, "vllm_kwargs": kwargs}
     procs: list[subprocess.Popen[bytes]] = []
     app = ["workers_app:app", "--port", str(port)]
@@ -145,14 +147,29 @@ def wait_ready(url: str, workers: int, started: float, timeout: float = 400) -> 
     return time.monotonic() - started
 
 
-def pss_mib(url_pids: list[int]) -> float:
-    total = 0
-    for pid in url_pids:
+def pss_mib(roots: list[int]) -> tuple[float, dict[str, float]]:
+    """PSS of every process below ``roots``, in all and by kind of process."""
+    kinds: dict[str, float] = {}
+    for pid in roots:
         root = psutil.Process(pid)
         for p in [root, *root.children(recursive=True)]:
             with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                total += p.memory_full_info().pss
-    return total / 2**20
+                kind = _kind(" ".join(p.cmdline()))
+                kinds[kind] = kinds.get(kind, 0.0) + p.memory_full_info().pss / 2**20
+    return sum(kinds.values()), kinds
+
+
+def _kind(line: str) -> str:
+    for needle, kind in (
+        ("VLLM::EngineCore", "engine core"), ("VLLM::Worker", "model worker"),
+        ("worker_main", "app worker"), ("forkserver", "fork server"),
+        ("resource_tracker", "resource tracker"), ("vllm_inline run", "launcher"),
+        ("api_server", "vllm serve"), ("spawn_main", "spawned (uvicorn worker or API server)"),
+        ("uvicorn", "uvicorn parent"),
+    ):  # fmt: skip
+        if needle in line:
+            return kind
+    return line[:40]
 
 
 def first_tokens(url: str, requests: int) -> list[float]:
@@ -160,12 +177,12 @@ def first_tokens(url: str, requests: int) -> list[float]:
     for _ in range(requests):
         start = time.monotonic()
         with httpx.stream("GET", f"{url}/chat", params={"max_tokens": 16}, timeout=60) as r:
+            first = None
             for line in r.iter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    out.append(time.monotonic() - start)
-                    break
-            for _ in r.iter_lines():
-                pass
+                if first is None and line.startswith("data: ") and line != "data: [DONE]":
+                    first = time.monotonic() - start
+            assert first is not None, "no token"
+            out.append(first)
     return out
 
 
@@ -181,10 +198,10 @@ def part1(model: str, logs: pathlib.Path, requests: int) -> dict[str, Any]:
             roots = [
                 p.pid for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE
             ]
-            memory = pss_mib(roots)
+            memory, kinds = pss_mib(roots)
             per_worker = _worker_pss(roots)
             ttft = first_tokens(url, requests)
-        results[name] = {"ready_s": ready, "pss_mib": memory, "worker_pss_mib": per_worker,
+        results[name] = {"ready_s": ready, "pss_mib": memory, "worker_pss_mib": per_worker, "pss_by_kind": kinds,
                          "ttft_p50_ms": 1000 * percentile(ttft, 50), "ttft_p90_ms": 1000 * percentile(ttft, 90)}  # fmt: skip
         print(f"  {name}: {results[name]}", flush=True)
     return results
@@ -233,10 +250,10 @@ async def _one_client_per_worker(url: str, workers: int) -> list[httpx.AsyncClie
 
 
 def part2(
-    model: str, logs: pathlib.Path, steps: list[float], streams: int, tokens: int
+    model: str, logs: pathlib.Path, steps: list[float], streams: int, tokens: int, sides: list[str]
 ) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    for name in SIDES_2:
+    for name in sides:
         workers = 1 if name == "ours 1 worker" else 2
         paths = (
             ["ChatOpenAI.astream"]
@@ -336,6 +353,7 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=128)
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--requests", type=int, default=30)
+    parser.add_argument("--sides", help=f"part 2's sides, comma-separated (default: {SIDES_2})")
     parser.add_argument("--out", default=str(HERE / "results" / "workers.json"))
     args = parser.parse_args()
     model = str(build_scripted_model("llama3"))
@@ -351,7 +369,8 @@ def main() -> None:
             data["part1"] = part1(model, logs, args.requests)
         if args.part in ("2", "all"):
             steps = [float(s) for s in args.steps.split(",")]
-            data["part2"] = part2(model, logs, steps, args.streams, args.tokens)
+            sides = args.sides.split(",") if args.sides else list(SIDES_2)
+            data["part2"] = part2(model, logs, steps, args.streams, args.tokens, sides)
     write_json(args.out, data)
     print(report(data))
 

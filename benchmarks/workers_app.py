@@ -26,6 +26,9 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
 SETTINGS = json.loads(os.environ.get("WORKERS_BENCH", "{}"))
+ENDLESS = {"ignore_eos": True, "skip_special_tokens": False}
+"""The load's streams: past the end of the script, every token a chunk (the scripted model's
+stop token included: skipped, its chunk would be empty and not sent)."""
 
 
 def _models() -> tuple[Any, Any, Any]:
@@ -49,12 +52,12 @@ def _models() -> tuple[Any, Any, Any]:
         model=SETTINGS["model"],
         vllm_kwargs=kwargs,
         repetition_penalty=1.0,
-        extra_sampling={"ignore_eos": True},
+        extra_sampling=ENDLESS,
     )
     llama = VLLM(
         model=SETTINGS["model"],
         vllm_kwargs=kwargs,
-        additional_kwargs={"ignore_eos": True, "repetition_penalty": 1.0},
+        additional_kwargs={**ENDLESS, "repetition_penalty": 1.0},
     )
     return chat, endless, llama
 
@@ -124,7 +127,7 @@ def _stream(path: str, tokens: int, index: int) -> AsyncIterator[Any]:
     if path == "VLLM.astream_chat":
         return _llama_stream(prompt, tokens)
     if path == "ChatOpenAI.astream":
-        endless = {"max_tokens": tokens, "extra_body": {"ignore_eos": True}}
+        endless = {"max_tokens": tokens, "extra_body": ENDLESS}
         return chat_model.bind(**endless).astream(prompt)
     raise ValueError(f"path must be one of the module docstring's, got {path!r}")
 

@@ -90,6 +90,8 @@ def run(
     from vllm_inline.engine.seam import vllm_processes
 
     vllm_processes.warm_up()  # the engine cores' fork server imports while the workers do
+    # vLLM too, for the first engine's start here, while the workers import the app.
+    threading.Thread(target=_import_vllm, name="vllm-inline:import", daemon=True).start()
     # prometheus_client's multiprocess mode, as vllm serve sets it for its API servers: each
     # worker's /metrics reads every worker's values (engine.life.metrics).
     metrics_dir = _metrics_directory()
@@ -130,6 +132,14 @@ def run(
         for number, handler in previous.items():
             signal.signal(number, handler)
     return status
+
+
+def _import_vllm() -> None:
+    from vllm_inline.engine.seam import vllm_quiet
+
+    vllm_quiet.install_filters()  # before vLLM's import, which logs
+    with contextlib.suppress(ImportError):
+        from vllm_inline.engine.seam import vllm_group  # noqa: F401  (vLLM, for the group)
 
 
 def _metrics_directory() -> str:

@@ -399,3 +399,31 @@ def test_the_sse_example_with_two_workers(scripted_root: Path, tmp_path: Path) -
             if len(seen) == 2:
                 break
         assert seen == {"0": chat.scenario.answer, "1": chat.scenario.answer}
+
+
+def test_images_from_both_workers(scripted_root: Path, tmp_path: Path) -> None:
+    """A vision model served by two workers: each colour gets one answer, the same from both
+    workers and on repeats (vLLM's multimodal cache, mirrored between one front end and its
+    engine core only, is set up for several front ends), and the two colours differ."""
+    from test_images import QUESTION, _data_url, _png
+
+    from vllm_inline.testing import VISION_ENGINE_KWARGS, build_vision_model
+
+    model = str(build_vision_model(scripted_root))
+    kwargs = json.dumps(VISION_ENGINE_KWARGS)
+    with launched(tmp_path, "--workers", "2", "--model", model, "--vllm-kwargs", kwargs) as run:
+        answers: dict[str, set[str]] = {}
+        for color in ("red", "blue", "red", "blue"):
+            image = {"type": "image_url", "image_url": {"url": _data_url(_png(color))}}
+            body = {
+                "model": model,
+                "messages": [
+                    {"role": "user", "content": [image, {"type": "text", "text": QUESTION}]}
+                ],
+                "max_tokens": 8,
+                "temperature": 0,
+            }
+            for answer in _from_both(run, "/v1/chat/completions", body).values():
+                answers.setdefault(color, set()).add(answer["choices"][0]["message"]["content"])
+        assert all(len(texts) == 1 for texts in answers.values()), answers
+        assert answers["red"] != answers["blue"], answers
