@@ -166,18 +166,6 @@ def test_two_workers_answer_from_one_engine_core_per_model(
         assert not left and not shm_left, (describe(left), shm_left)
 
 
-def test_sigkill_of_the_launcher_leaves_nothing_within_10_s(
-    scripted_root: Path, tmp_path: Path
-) -> None:
-    chat = scripted_model("llama3", scripted_root)
-    before = shm_entries()
-    with launched(tmp_path, "--workers", "2", "--model", chat.path) as run:
-        entries = shm_entries() - before
-        run.child.kill()
-        left, shm_left, _ = wait_gone(list(run.tree.values()), entries, timeout=10)
-        assert not left and not shm_left, (describe(left), shm_left, run.text())
-
-
 def test_sigkill_in_the_middle_of_a_start_leaves_nothing(
     scripted_root: Path, tmp_path: Path
 ) -> None:
@@ -191,19 +179,6 @@ def test_sigkill_in_the_middle_of_a_start_leaves_nothing(
         run.child.kill()
         left, _, _ = wait_gone(list(run.tree.values()), set(), timeout=10)
         assert not left, (describe(left), run.text())
-
-
-def test_a_killed_worker_stops_the_whole_group(scripted_root: Path, tmp_path: Path) -> None:
-    chat = scripted_model("llama3", scripted_root)
-    before = shm_entries()
-    with launched(tmp_path, "--workers", "2", "--model", chat.path) as run:
-        entries = shm_entries() - before
-        worker = run.named("import worker_main")[0]
-        worker.kill()
-        assert run.child.wait(timeout=90) == 1, run.text()
-        assert "exited with status -9: stopping the group" in run.text()
-        left, shm_left, _ = wait_gone(list(run.tree.values()), entries, timeout=30)
-        assert not left and not shm_left, (describe(left), shm_left)
 
 
 def test_bad_use_gets_a_clear_error_and_leaves_no_process(tmp_path: Path) -> None:
@@ -334,7 +309,10 @@ EXAMPLES = Path(__file__).parents[2] / "examples"
 
 
 @contextlib.contextmanager
-def example(tmp_path: Path, script: str, *arguments: str) -> Iterator[Launched]:
+def example(tmp_path: Path, script: str, *arguments: str, end: str) -> Iterator[Launched]:
+    """Run an example with ``arguments``; at the end stop it by ``end``: ``sigterm`` (status 0),
+    ``kill the launcher`` (SIGKILL: everything gone within 10 s) or ``kill a worker`` (the
+    group stops, status 1); nothing may be left either way."""
     port = free_port()
     command = [sys.executable, str(EXAMPLES / script), "--port", str(port), *arguments]
     log_path = tmp_path / f"{script}.log"
@@ -344,10 +322,19 @@ def example(tmp_path: Path, script: str, *arguments: str) -> Iterator[Launched]:
         run = Launched(child, log_path, f"http://127.0.0.1:{port}")
         try:
             yield run
-            run.child.send_signal(signal.SIGTERM)
-            assert run.child.wait(timeout=90) == 0, run.text()
-            left, shm_left, _ = wait_gone(list(run.tree.values()), shm_entries() - before, 30)
-            assert not left and not shm_left, (describe(left), shm_left)
+            entries, bound = shm_entries() - before, 30.0
+            if end == "sigterm":
+                run.child.send_signal(signal.SIGTERM)
+                assert run.child.wait(timeout=90) == 0, run.text()
+            elif end == "kill the launcher":
+                run.child.kill()
+                bound = 10.0
+            else:
+                run.named("import worker_main")[0].kill()
+                assert run.child.wait(timeout=90) == 1, run.text()
+                assert "exited with status -9: stopping the group" in run.text()
+            left, shm_left, _ = wait_gone(list(run.tree.values()), entries, bound)
+            assert not left and not shm_left, (end, describe(left), shm_left, run.text())
         finally:
             run.look()
             clean_up(run.tree.values(), shm_entries() - before)
@@ -366,8 +353,11 @@ def _wait_for(run: Launched, path: str) -> None:
 
 
 def test_the_openai_server_example_with_two_workers(scripted_root: Path, tmp_path: Path) -> None:
+    """Both workers answer the API and the RAG route; SIGKILL to the launcher then leaves no
+    process and no segment within 10 s (the workers die with it, the engine cores watch it)."""
     chat = scripted_model("llama3", scripted_root)
-    with example(tmp_path, "openai_server.py", "--model", chat.path, "--workers", "2") as run:
+    arguments = ("--model", chat.path, "--workers", "2")
+    with example(tmp_path, "openai_server.py", *arguments, end="kill the launcher") as run:
         _wait_for(run, "/health")
         cores = [p for p in run.look() if p.name().startswith("VLLM::EngineCore")]
         assert len(cores) == 2, describe(run.look())  # the chat model and the embedder
@@ -386,8 +376,11 @@ def test_the_openai_server_example_with_two_workers(scripted_root: Path, tmp_pat
 
 
 def test_the_sse_example_with_two_workers(scripted_root: Path, tmp_path: Path) -> None:
+    """Both workers stream; a worker killed then stops the whole group (status 1), nothing
+    left running for it (vllm_inline.workers: one dies, all stop)."""
     chat = scripted_model("llama3", scripted_root)
-    with example(tmp_path, "fastapi_sse.py", "--model", chat.path, "--workers", "2") as run:
+    arguments = ("--model", chat.path, "--workers", "2")
+    with example(tmp_path, "fastapi_sse.py", *arguments, end="kill a worker") as run:
         _wait_for(run, "/metrics/")
         cores = [p for p in run.look() if p.name().startswith("VLLM::EngineCore")]
         assert len(cores) == 1, describe(run.look())
