@@ -73,12 +73,13 @@ def _group_registry(base: type) -> Any:
     are shared, so a worker alone has only the requests it served), as ``vllm serve
     --api-server-count N`` serves them."""
 
-    class GroupRegistry(base):  # type: ignore[misc,valid-type]
+    class GroupRegistry(base):  # type: ignore[misc]
         def collect(self) -> Any:
             from prometheus_client import CollectorRegistry, multiprocess
 
             every_worker = CollectorRegistry()
-            multiprocess.MultiProcessCollector(every_worker)
+            collector: Any = multiprocess.MultiProcessCollector  # untyped in prometheus_client
+            collector(every_worker)
             return every_worker.collect()
 
     return GroupRegistry(auto_describe=True)

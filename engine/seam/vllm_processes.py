@@ -302,4 +302,3 @@ def remote_peer_deadline(options: Mapping[str, Any]) -> Iterator[None]:
         ) from e
     finally:
         timer.cancel()
-
