@@ -9,11 +9,14 @@ SIGTERM or SIGKILL, a worker killed, or bad use leaves no process and no ``/dev/
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,6 +86,15 @@ def launched(tmp_path: Path, *arguments: str, healthy: bool = True) -> Iterator[
         finally:
             run.look()
             clean_up(run.tree.values(), shm_entries() - before)
+            remove_metrics_files(child.pid)
+
+
+def remove_metrics_files(launcher: int) -> None:
+    """The workers' metric files, which a launcher killed by SIGKILL leaves for the next one to
+    sweep (vllm_inline.workers): this test's own, removed by the launcher's pid."""
+    pattern = os.path.join(tempfile.gettempdir(), f"vllm-inline-metrics-{launcher}-*")
+    for directory in glob.glob(pattern):
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _healthy(run: Launched, twice: bool) -> bool:
@@ -296,6 +308,7 @@ def test_a_users_app_under_run_works_from_every_worker(scripted_root: Path, tmp_
         finally:
             run.look()
             clean_up(run.tree.values(), shm_entries() - before)
+            remove_metrics_files(child.pid)
 
 
 def _healthy_route(run: Launched) -> bool:
@@ -338,6 +351,7 @@ def example(tmp_path: Path, script: str, *arguments: str, end: str) -> Iterator[
         finally:
             run.look()
             clean_up(run.tree.values(), shm_entries() - before)
+            remove_metrics_files(child.pid)
 
 
 def _wait_for(run: Launched, path: str) -> None:
