@@ -74,6 +74,11 @@ def run(
     SIGINT (status 0) or until a worker or an engine core dies (status 1).
     ``environment``: more variables for the workers."""
     group = EngineGroup(workers)  # checks workers
+    from vllm_inline.engine.seam import vllm_processes, vllm_quiet
+
+    # vLLM's quiet levels for every process of the group, as one process's engine gets them
+    # (the workers' front ends and this process build vLLM's config outside an engine start).
+    os.environ.update(vllm_quiet.quiet_environment())
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     try:
@@ -87,8 +92,6 @@ def run(
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     group.start()
-    from vllm_inline.engine.seam import vllm_processes
-
     vllm_processes.warm_up()  # the engine cores' fork server imports while the workers do
     # vLLM too, for the first engine's start here, while the workers import the app.
     threading.Thread(target=_import_vllm, name="vllm-inline:import", daemon=True).start()
