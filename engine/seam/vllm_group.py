@@ -18,7 +18,6 @@ Imported only in the process that launches engine cores for a group (:mod:`..lif
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import secrets
 from collections.abc import Mapping
@@ -68,16 +67,9 @@ class SharedCores:
         """The engine-core processes' sentinels: one becomes ready when its process ends."""
         return [proc.sentinel for proc in getattr(self.manager, "processes", ())]
 
-    def pids(self) -> list[int]:
-        """The engine-core processes' ids."""
-        return [int(proc.pid) for proc in getattr(self.manager, "processes", ()) if proc.pid]
-
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the engine cores (their front ends see them go)."""
-        with contextlib.suppress(TypeError):
-            self.manager.shutdown(timeout=timeout)
-            return
-        self.manager.shutdown()  # releases whose shutdown takes no timeout
+        self.manager.shutdown(timeout=timeout)
 
 
 def launch_shared(
