@@ -272,6 +272,40 @@ def test_no_periodic_stats_log_by_default(scripted) -> None:
     assert re.search("Prometheus", " ".join(k.__name__ for k in kinds))
 
 
+def test_prometheus_loggers_of_engines_starting_at_once(scripted, monkeypatch) -> None:
+    """Engines whose starts end together (start_engines, a group's workers attaching) build
+    their Prometheus loggers at once. vLLM's logger unregisters the global registry's ``vllm:``
+    metrics, then registers a few there again (PerfMetricsProm): interleaved, that was
+    DuplicateTimeseries in a two-worker app. Each unregistering is slowed here so that two
+    unguarded loggers would interleave every time."""
+    import vllm.v1.metrics.loggers as vllm_loggers
+
+    from vllm_inline.engine.seam.vllm_stats import SharedPrometheusStatLogger
+
+    config = scripted("llama3").engine.runtime.llm.vllm_config
+    unregister = vllm_loggers.unregister_vllm_metrics
+
+    def slowly() -> None:
+        unregister()
+        time.sleep(0.3)
+
+    monkeypatch.setattr(vllm_loggers, "unregister_vllm_metrics", slowly)
+    errors: list[Exception] = []
+
+    def build() -> None:
+        try:
+            SharedPrometheusStatLogger(vllm_config=config, engine_indexes=[0])
+        except Exception as error:  # noqa: BLE001 - reported by the assertion below
+            errors.append(error)
+
+    threads = [threading.Thread(target=build) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+
+
 def test_stats_book_keeps_each_engine_core_apart() -> None:
     """Data-parallel engines report per engine core; the snapshot sums them and keeps each."""
     from types import SimpleNamespace

@@ -9,7 +9,11 @@ Two loggers are handed to ``AsyncLLM.from_engine_args(stat_loggers=...)`` for ev
   unregisters every ``vllm:`` metric of the global registry when an engine starts (one server,
   one engine), so a second in-process engine would erase the first one's series; here the
   metric objects are created once per process and shared, and each engine writes its own
-  ``model_name`` label values.
+  ``model_name`` label values. A few of vLLM's metrics (``PerfMetricsProm``, the connectors'
+  and speculative decoding's) still go to the global registry, unregistered and registered
+  again by every logger: two engines finishing their start at once (``start_engines``, or the
+  workers of a group, whose engines attach in a moment) would interleave the two and fail with
+  ``DuplicateTimeseries``, so loggers are built one at a time.
 
 Imported only when an engine starts.
 """
@@ -42,6 +46,7 @@ class StepRecorder(Protocol):
 _metrics: dict[str, Any] = {}
 _metrics_lock = threading.Lock()
 _registry: list[Any] = []  # the registry stat_loggers was given (one per process)
+_building_lock = threading.Lock()  # one PrometheusStatLogger.__init__ at a time (see above)
 
 
 def _shared(cls: Callable[..., Any], **kwargs: Any) -> Any:
@@ -67,6 +72,10 @@ class SharedPrometheusStatLogger(PrometheusStatLogger):
     _gauge_cls = functools.partial(_shared, Gauge)  # type: ignore[assignment]
     _counter_cls = functools.partial(_shared, Counter)  # type: ignore[assignment]
     _histogram_cls = functools.partial(_shared, Histogram)  # type: ignore[assignment]
+
+    def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
+        with _building_lock:
+            super().__init__(vllm_config, engine_indexes)
 
 
 class BookLogger(StatLoggerBase):
