@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import pytest
@@ -43,6 +44,17 @@ def chat_for(s: Any, **kwargs: Any) -> ChatVLLM:
 def script_tokens(chain: Any) -> int:
     """Tokens generated for a chain: the answer pieces plus the stop token."""
     return chain.script.index(chain.stop) + 1
+
+
+def assert_token_pieces(pieces: list[str], tokens: Sequence[str]) -> None:
+    """``pieces`` (a stream's texts) are ``tokens`` in order, most of them one each. A piece may
+    hold a run of consecutive tokens: vLLM's DELTA output merges the steps its consumer has not
+    picked up yet (``RequestOutputCollector``), as it does for its own server, which a busy host
+    causes now and then (one CI run in many: "The answer" in one piece)."""
+    assert "".join(pieces) == "".join(tokens)
+    ends = set(itertools.accumulate(len(t) for t in tokens))
+    assert set(itertools.accumulate(len(p) for p in pieces)) <= ends, (pieces, tokens)
+    assert len(pieces) > len(tokens) // 2, (pieces, tokens)
 
 
 def prompt_tokens(s: Any, messages: list[dict[str, Any]], **template: Any) -> int:
@@ -105,7 +117,7 @@ def test_llama3_stream_has_no_eot_and_no_invented_turn(scripted: Any) -> None:
     assert len(chunks) > 1
     # One callback per chunk, with that chunk; no chunk repeats earlier text.
     assert [c[3].message for c in tokens.calls] == chunks
-    assert [c.content for c in chunks[:-1]] == [p for p in s.scenario.script[:5]]
+    assert_token_pieces([c.content for c in chunks[:-1]], s.scenario.script[:5])
     last = chunks[-1]
     assert last.chunk_position == "last"
     assert last.response_metadata["finish_reason"] == "stop"
@@ -464,7 +476,7 @@ def test_lcel_chain_streams_token_by_token(scripted: Any) -> None:
     prompt = ChatPromptTemplate.from_messages([("system", "Be brief."), ("human", "{question}")])
     chain = prompt | chat_for(s) | StrOutputParser()
     pieces = list(chain.stream({"question": QUESTION}))
-    assert [p for p in pieces if p] == list(s.scenario.script[:5])
+    assert_token_pieces([p for p in pieces if p], s.scenario.script[:5])
     assert "".join(pieces) == s.scenario.answer
 
 
