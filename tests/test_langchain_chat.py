@@ -10,7 +10,6 @@ import asyncio
 import itertools
 import threading
 import time
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import pytest
@@ -26,6 +25,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.tools import tool
 from pydantic import BaseModel
+from streams import assert_token_pieces
 from typing_extensions import TypedDict
 
 from vllm_inline.engine import BadRequestError
@@ -44,17 +44,6 @@ def chat_for(s: Any, **kwargs: Any) -> ChatVLLM:
 def script_tokens(chain: Any) -> int:
     """Tokens generated for a chain: the answer pieces plus the stop token."""
     return chain.script.index(chain.stop) + 1
-
-
-def assert_token_pieces(pieces: list[str], tokens: Sequence[str]) -> None:
-    """``pieces`` (a stream's texts) are ``tokens`` in order, most of them one each. A piece may
-    hold a run of consecutive tokens: vLLM's DELTA output merges the steps its consumer has not
-    picked up yet (``RequestOutputCollector``), as it does for its own server, which a busy host
-    causes now and then (one CI run in many: "The answer" in one piece)."""
-    assert "".join(pieces) == "".join(tokens)
-    ends = set(itertools.accumulate(len(t) for t in tokens))
-    assert set(itertools.accumulate(len(p) for p in pieces)) <= ends, (pieces, tokens)
-    assert len(pieces) > len(tokens) // 2, (pieces, tokens)
 
 
 def prompt_tokens(s: Any, messages: list[dict[str, Any]], **template: Any) -> int:
