@@ -3,14 +3,13 @@ modules, which need the ``ray`` extra that only ``make test-parallel`` installs.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from processes import SHM, Started, held_shm, shm_entries
+from processes import Started, clean_up, held_shm, shm_entries
 
 _LEFT: list[tuple[str, list[str]]] = []  # (test, /dev/shm entries left unheld after it)
 
@@ -52,11 +51,7 @@ def no_segment_left_unheld(
     time.sleep(1.0)  # an entry between its creation and its first mapping is not a leak
     unheld &= shm_entries()
     unheld -= held_shm(psutil.process_iter(), unheld)
-    for name in unheld:
-        try:
-            os.unlink(os.path.join(SHM, name))
-        except FileNotFoundError:
-            pass
+    clean_up((), unheld)
     if unheld:
         _LEFT.append((request.node.nodeid, sorted(unheld)))
 
