@@ -1,20 +1,26 @@
 """The vLLM contract (engine/seam/contract.py) and the version-dependent seams, in every shape.
 
 ``make test`` checks the contract against the installed vLLM, imported and parsed; ``make
-test-compat`` also against the sources named by ``VLLMINLINE_VLLM_SOURCES`` (vLLM 0.33, which
-has no CPU build). The seam's converters are tested here with the request and exception shapes
+check-vllm VERSION=X`` and ``make test-compat`` also against the sources named by
+``VLLMINLINE_VLLM_SOURCES`` (vLLM 0.33 and 0.34, which have no CPU build). The seam's converters are tested here with the request and exception shapes
 of both 0.32 and 0.33: plain stand-ins, since a 0.33 object cannot be built on 0.32.
 """
 
 from __future__ import annotations
 
 import ast
-import os
 import types
 from pathlib import Path
 
 import pytest
-from vllm_contract import CONTRACT, Sources, check_installed, check_sources, seam_imports
+from vllm_contract import (
+    CONTRACT,
+    Sources,
+    check_installed,
+    check_sources,
+    seam_imports,
+    source_roots,
+)
 
 from vllm_inline.engine import (
     BadRequestError,
@@ -44,11 +50,7 @@ def _installed_sources() -> Path:
 
 def _source_roots() -> list[Path]:
     """The installed vLLM (parsed, as a check of the parser) and ``VLLMINLINE_VLLM_SOURCES``."""
-    roots = [_installed_sources()]
-    extra = os.environ.get("VLLMINLINE_VLLM_SOURCES")
-    if extra:
-        roots += [Path(p) for p in extra.split(os.pathsep) if p]
-    return roots
+    return source_roots()
 
 
 @pytest.mark.parametrize("use", CONTRACT, ids=str)
@@ -255,8 +257,11 @@ def test_support_status():
     assert support_status("0.32.0") == "tested"
     assert support_status("0.32.0+cpu") == "tested"
     assert support_status("0.33.0") == "checked from sources"
+    assert support_status("0.34.0") == "checked from sources"
+    assert support_status("0.34.0rc1") == "unknown"
     assert support_status("0.29.0") == "unknown"
-    assert support_status("0.34.0") == "unknown"
+    assert support_status("0.34.1") == "unknown"
+    assert support_status("0.35.0") == "unknown"
 
 
 def test_pyproject_and_docs_state_the_same_range():
@@ -287,14 +292,14 @@ def test_installed_vllm_is_in_the_range():
 def test_engine_start_warns_once_outside_the_range(monkeypatch, caplog):
     from vllm_inline.engine.seam import vllm_engine
 
-    monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: ("vllm", "0.34.1"))
+    monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: ("vllm", "0.35.0"))
     monkeypatch.setattr(vllm_engine, "_warned_unsupported", False)
     with caplog.at_level("WARNING", logger="vllm_inline"):
         vllm_engine._warn_if_unsupported()
         vllm_engine._warn_if_unsupported()
     warnings = [r.getMessage() for r in caplog.records if r.name == "vllm_inline"]
     assert len(warnings) == 1
-    assert "vllm 0.34.1" in warnings[0] and "0.30.0 to 0.33.0" in warnings[0]
+    assert "vllm 0.35.0" in warnings[0] and "0.30.0 to 0.34.0" in warnings[0]
 
 
 def test_check_names_the_vllm_and_its_status(monkeypatch):
@@ -304,7 +309,9 @@ def test_check_names_the_vllm_and_its_status(monkeypatch):
     for version, status, shown in [
         ("0.32.0", "info", "tested"),
         ("0.33.0", "info", "checked from sources"),
+        ("0.34.0", "info", "checked from sources"),
         ("0.29.0", "warn", "unknown"),
+        ("0.35.0", "warn", "unknown"),
     ]:
         monkeypatch.setattr(check, "installed_vllm", lambda v=version: ("vllm", v))
         report = Report("m")

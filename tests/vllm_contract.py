@@ -12,14 +12,65 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib
+import importlib.util
 import inspect
+import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from vllm_inline.engine.seam.contract import CONTRACT, Use
 
-__all__ = ["CONTRACT", "Sources", "Use", "check_installed", "check_sources", "seam_imports"]
+__all__ = [
+    "CONTRACT",
+    "SOURCES_VARIABLE",
+    "Sources",
+    "Use",
+    "check_installed",
+    "check_sources",
+    "seam_imports",
+    "source_roots",
+    "tree_version",
+]
+
+SOURCES_VARIABLE = "VLLMINLINE_VLLM_SOURCES"
+"""Environment variable naming unpacked vLLM source trees (``os.pathsep``-separated), which every
+source-reading test checks besides the installed vLLM (``make check-vllm``, ``make
+test-compat``)."""
+
+
+# -- which vLLM trees the source-reading tests read ---------------------------------------------
+
+
+def source_roots() -> list[Path]:
+    """The installed vLLM's tree (found without importing it), then each tree named by
+    :data:`SOURCES_VARIABLE`. A named tree without ``vllm/__init__.py`` is an error, raised
+    while the tests are collected: a run asked to check a release must not pass without it."""
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.submodule_search_locations, "vLLM is not installed"
+    roots = [Path(next(iter(spec.submodule_search_locations))).resolve().parent]
+    for entry in os.environ.get(SOURCES_VARIABLE, "").split(os.pathsep):
+        if not entry:
+            continue
+        root = Path(entry).resolve()
+        if not (root / "vllm" / "__init__.py").is_file():
+            msg = (
+                f"{SOURCES_VARIABLE} names {entry!r}, which holds no vLLM sources "
+                "(no vllm/__init__.py): unpack the wheel's .py files there, or run "
+                "`make check-vllm VERSION=X`, which does"
+            )
+            raise FileNotFoundError(msg)
+        roots.append(root)
+    return roots
+
+
+def tree_version(root: Path) -> str:
+    """The vLLM release a source tree holds, from its ``vllm/_version.py``."""
+    text = (root / "vllm" / "_version.py").read_text(encoding="utf-8")
+    found = re.search(r"^__version__ = version = ['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+    assert found, f"no version in {root / 'vllm' / '_version.py'}"
+    return found.group(1)
 
 
 # -- against the installed vLLM (imported) ------------------------------------------------------
