@@ -59,7 +59,6 @@ from typing import Any
 from vllm_inline.engine.errors import InsufficientMemoryError
 from vllm_inline.engine.life.gpu_rules import ESTIMATED, GpuRules, gpu_rules
 from vllm_inline.engine.life.platform_defaults import (
-    BLOCK,
     DTYPE_BYTES,
     KV_MAX,
     KV_MIN,
@@ -221,8 +220,9 @@ def _fit_cpu(e: EngineNeeds, kv: int, why: str, free: int) -> tuple[Choice, ...]
     if not e.one_sequence or kv >= e.one_sequence:
         return (Choice("kv_cache_memory_bytes", kv, why),)
     per_token = e.one_sequence // e.max_len
-    fit = kv // per_token // BLOCK * BLOCK
-    if e.user_kwargs.get("max_model_len") or fit < BLOCK:
+    block = e.facts.kv_block
+    fit = kv // per_token // block * block
+    if e.user_kwargs.get("max_model_len") or fit < block:
         option = "max_model_len" if e.user_kwargs.get("max_model_len") else "kv_cache_memory_bytes"
         raise InsufficientMemoryError(
             f"{e.model}: its share of the memory planned for the engines started together "

@@ -99,6 +99,8 @@ CONTRACT: tuple[Use, ...] = (
     _u("vllm", "PoolingParams", keywords=("task", "use_activation", "dimensions")),
     _u("vllm.config", "StructuredOutputsConfig", keywords=("backend", "disable_any_whitespace")),
     _u("vllm.config", "ParallelConfig"),
+    # engine/seam/vllm_platform.py: the KV block size a chosen max_model_len is a multiple of
+    _u("vllm.config", "CacheConfig", members=("DEFAULT_BLOCK_SIZE",)),
     _u("vllm.envs", "disable_envs_cache"),
     _u("vllm.envs", "enable_envs_cache"),
     _u("vllm.envs", "VLLM_ENGINE_READY_TIMEOUT_S"),
