@@ -70,13 +70,25 @@ _SAMPLING_NAMES = frozenset(
 
 
 def check_engine_kwargs(model: str, kwargs: Mapping[str, Any]) -> None:
-    """Refuse engine options that ``AsyncEngineArgs`` does not know."""
+    """Refuse engine options that ``AsyncEngineArgs`` does not know, and an engine ``seed``
+    outside ``[0, 2**32 - 1]``: vLLM 0.34's ``ModelConfig`` refuses it (a pydantic error at
+    start); up to 0.33 it fails later, in the worker's ``np.random.seed``. Refused here on every
+    release, naming the option, before anything starts."""
     unknown = sorted(set(kwargs) - _ENGINE_ARG_NAMES - {"model"})
     if unknown:
         raise ModelLoadError(
             f"Unknown vLLM engine option(s) {unknown} for {model!r}: vllm_kwargs must be "
             "AsyncEngineArgs fields (e.g. dtype, max_model_len, gpu_memory_utilization, "
             "tensor_parallel_size)."
+        )
+    seed = kwargs.get("seed")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= 2**32 - 1
+    ):
+        raise ModelLoadError(
+            f"seed={seed!r} for {model!r}: the engine's seed must be an integer from 0 to "
+            "2**32 - 1 (vLLM seeds numpy with it). Pass one in that range, or a per-request "
+            "seed in the sampling options."
         )
 
 
