@@ -220,7 +220,7 @@ def _fit_cpu(e: EngineNeeds, kv: int, why: str, free: int) -> tuple[Choice, ...]
     if not e.one_sequence or kv >= e.one_sequence:
         return (Choice("kv_cache_memory_bytes", kv, why),)
     per_token = e.one_sequence // e.max_len
-    block = e.facts.kv_block
+    block = e.facts.block_size
     fit = kv // per_token // block * block
     if e.user_kwargs.get("max_model_len") or fit < block:
         option = "max_model_len" if e.user_kwargs.get("max_model_len") else "kv_cache_memory_bytes"

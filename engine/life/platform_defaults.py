@@ -15,8 +15,7 @@ user set no binding, one is chosen from the CPUs this process may use, and set i
 processes' environment only.
 
 On a GPU nothing changes. Anything the user sets wins. A request for more memory than the machine
-has fails with :class:`~vllm_inline.engine.errors.InsufficientMemoryError` before any process
-starts.
+has fails with :class:`~vllm_inline.engine.errors.InsufficientMemoryError` before any start.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from vllm_inline.engine.errors import InsufficientMemoryError, ParallelLayoutErr
 
 __all__ = [
     "BF16_FLAGS",
-    "FALLBACK_BLOCK",
     "Choice",
     "MachineFacts",
     "PlatformDefaults",
@@ -57,10 +55,6 @@ KV_MAX = 4 * GiB
 took 130 s to the first answer here, against 32 s with 1 GiB)."""
 KV_SEQUENCES = 4
 """Full-length sequences the default KV cache holds, so a few requests batch together."""
-FALLBACK_BLOCK = 64
-"""The KV block size assumed when the facts do not give vLLM's (:attr:`MachineFacts.block_size`):
-a multiple of every default vLLM has had (16 up to 0.33, 64 from 0.34), so a max_model_len
-chosen as a multiple of it fills whole blocks on any of them."""
 
 
 @dataclass(frozen=True)
@@ -91,16 +85,9 @@ class MachineFacts:
     """NUMA memory nodes this process may use (vLLM's automatic binding takes one per rank)."""
     threads_bind: str | None = None
     """``VLLM_CPU_OMP_THREADS_BIND`` as set in the environment (None: unset)."""
-    block_size: int | None = None
-    """vLLM's KV-cache block size for this engine: the ``block_size`` option, else vLLM's
-    ``CacheConfig.DEFAULT_BLOCK_SIZE`` (16 up to 0.33, 64 from 0.34). A max_model_len chosen
-    here is a multiple of it: a KV cache sized for that many tokens then holds them in whole
-    blocks, where vLLM's start check counts."""
-
-    @property
-    def kv_block(self) -> int:
-        """:attr:`block_size`, or :data:`FALLBACK_BLOCK` when unknown."""
-        return self.block_size or FALLBACK_BLOCK
+    block_size: int = 64
+    """vLLM's KV block size (``block_size``, else ``CacheConfig.DEFAULT_BLOCK_SIZE``: 16 to 0.33,
+    64 from 0.34; unknown: 64, a multiple of both). A window chosen here fills whole blocks."""
 
 
 @dataclass(frozen=True)
@@ -268,8 +255,7 @@ def _kv_cache(
             ),
             None,
         )
-    block = facts.kv_block
-    fit = (min(budget, KV_MAX) // per_token) // block * block
+    fit = (min(budget, KV_MAX) // per_token) // (block := facts.block_size) * block
     if fit < block:
         raise InsufficientMemoryError(
             f"The free memory ({gib(free)}) leaves no room for a KV cache after the weights "
