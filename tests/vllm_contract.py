@@ -21,14 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from vllm_inline.engine.seam.contract import CONTRACT, Use
+from vllm_inline.engine.seam.versions import at_least
 
 __all__ = [
     "CONTRACT",
+    "LLAMA3_JSON",
     "SOURCES_VARIABLE",
+    "Llama3Json",
     "Sources",
     "Use",
     "check_installed",
     "check_sources",
+    "llama3_json",
     "seam_imports",
     "source_roots",
     "tree_version",
@@ -71,6 +75,37 @@ def tree_version(root: Path) -> str:
     found = re.search(r"^__version__ = version = ['\"]([^'\"]+)['\"]", text, re.MULTILINE)
     assert found, f"no version in {root / 'vllm' / '_version.py'}"
     return found.group(1)
+
+
+# -- what vLLM's llama3_json tool parser does, by release ---------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Llama3Json:
+    """What one implementation of vLLM's ``llama3_json`` (the package's default tool parser for
+    the llama3 family) does, read from its source (``test_llama3_json_is_as_expected``)."""
+
+    module: str
+    """Its module under ``vllm/tool_parsers`` and class, as the registry names them."""
+    cls: str
+    arguments_in_fragments: bool
+    """True when it streams a call's arguments as they grow, False when whole, once the call
+    ends."""
+    needs_special_tokens: bool
+    """True when its ``adjust_request`` sets ``skip_special_tokens=False``."""
+
+
+LLAMA3_JSON = {
+    "legacy": Llama3Json("llama_tool_parser", "Llama3JsonToolParser", True, False),
+    "engine": Llama3Json("llama_json_engine_tool_parser", "LlamaJsonEngineToolParser", False, True),
+}
+"""0.30-0.33's parser (partial JSON diffs), and 0.34's (``vllm/parser/llama_json.py`` on vLLM's
+parser engine: ``stream_arg_deltas=False``, ``ParserEngine.adjust_request``)."""
+
+
+def llama3_json(version: str) -> Llama3Json:
+    """The ``llama3_json`` of vLLM ``version``."""
+    return LLAMA3_JSON["engine" if at_least(version, "0.34.0") else "legacy"]
 
 
 # -- against the installed vLLM (imported) ------------------------------------------------------

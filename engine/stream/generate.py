@@ -37,7 +37,7 @@ from vllm_inline.engine.request.images import text_view
 from vllm_inline.engine.request.lora import lora_request
 from vllm_inline.engine.request.render import render
 from vllm_inline.engine.request.request import Request
-from vllm_inline.engine.request.sampling import final_sampling
+from vllm_inline.engine.request.sampling import final_sampling, special_tokens_hidden
 from vllm_inline.engine.stream.deltas import Delta, TokenLogprob, Usage
 from vllm_inline.engine.stream.parsing import OutputParser, make_parser_factory
 
@@ -75,6 +75,10 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
             max_model_len=runtime.max_model_len,
             prompt_tokens=prompt_tokens,
         )
+        if make_parser.skip_special_tokens is False and special_tokens_hidden(
+            request.sampling, runtime.model_defaults
+        ):
+            make_parser.hide_special_tokens()  # the parsers needed them; the caller did not
         structured = request.structured_outputs or make_parser.structured_outputs
         params = vllm_engine.make_sampling_params(values, structured, stream=request.stream)
         lora = await lora_request(runtime, request.lora)
