@@ -292,6 +292,19 @@ def test_gpu_plan_that_cannot_fit_names_the_model_and_the_option(rules):
     assert caught.value.option == "max_model_len"
 
 
+def test_gpu_memory_not_measured_plans_nothing_and_refuses_034s_race():
+    unmeasured = lambda **m: MachineFacts(is_cpu=False, **m)  # no NVML (ROCm, ...)
+    engines = rag(unmeasured)
+    assert plan_memory(engines, ESTIMATED) == [(), (), ()]  # vLLM refuses the second itself
+    with pytest.raises(InsufficientMemoryError) as caught:
+        plan_memory(engines, EXTENSIBLE)
+    assert str(caught.value).startswith("embedder:") and "could not be measured" in str(
+        caught.value
+    )
+    capped = {k: {"gpu_memory_utilization": 0.3} for k in ("embedder", "reranker")}
+    assert plan_memory(rag(unmeasured, user=capped), EXTENSIBLE) == [(), (), ()]
+
+
 def test_the_rules_follow_the_installed_vllm(monkeypatch):
     from vllm_inline.engine.seam import versions
 

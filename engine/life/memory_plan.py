@@ -164,9 +164,31 @@ def plan_memory(
         return [() for _ in engines]
     facts = engines[0].facts
     if facts.free_memory_bytes is None or (not facts.is_cpu and not facts.total_memory_bytes):
+        if not facts.is_cpu:
+            _refuse_a_race(engines, rules or gpu_rules())
         return [() for _ in engines]  # nothing measured: each engine sizes itself
     plan = _plan_cpu(engines) if facts.is_cpu else _plan_gpu(engines, rules or gpu_rules())
     return [plan.get(id(e), ()) for e in engines]
+
+
+def _refuse_a_race(engines: Sequence[EngineNeeds], rules: GpuRules) -> None:
+    """With the GPU's memory unmeasured (no NVML: ROCm, another accelerator) nothing is planned.
+    Up to 0.33 vLLM then refuses the second default engine at start, by itself. On 0.34 two
+    uncapped engines would both size their KV cache from what is free after their warm-up, and
+    the later one would run out of memory: refused here, naming it, before anything starts."""
+    uncapped = [e for e in engines if rules.takes_all_free(e.user_kwargs)]
+    if len(uncapped) > 1:
+        raise InsufficientMemoryError(
+            f"{uncapped[1].model}: the GPU's free memory could not be measured (no NVML), so the "
+            f"{len(engines)} engines started together cannot be planned, and with "
+            f"{rules.releases}'s extensible KV cache each engine without gpu_memory_utilization "
+            f"would take all the memory free after its warm-up ({uncapped[0].model} too): this "
+            "one would run out of memory. Pass gpu_memory_utilization to each (adding up to "
+            "less than 1), or kv_cache_memory_bytes.",
+            option="gpu_memory_utilization",
+            requested_bytes=0,
+            free_bytes=0,
+        )
 
 
 def _plan_cpu(engines: Sequence[EngineNeeds]) -> dict[int, tuple[Choice, ...]]:
