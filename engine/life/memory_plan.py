@@ -2,8 +2,9 @@
 
 A RAG app starts a chat model, an embedder and a reranker: three engines on one device. Sized
 alone, each takes what it would take with the device to itself. On a GPU the first takes vLLM's
-``gpu_memory_utilization=0.92`` and the second is refused at start; on a CPU the first takes
-half of what is free, the next half of the rest. :func:`plan_memory` sizes them together from
+``gpu_memory_utilization=0.92`` and the second is refused at start (vLLM 0.30-0.33), or the first
+takes all the memory free after its warm-up and the second runs out of memory (0.34); on a CPU
+the first takes half of what is free, the next half of the rest. :func:`plan_memory` sizes them together from
 the device's free memory and each model's weights, before any of them spawns a process.
 
 **CPU** (run here). The KV caches share what is left after *all* the weights (and the
