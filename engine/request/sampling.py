@@ -141,7 +141,8 @@ def final_sampling(
     request's field over what the client sent, and the model's ``generation_config`` only fills
     it when unset (vLLM 0.33 reads ``skip_special_tokens`` from it too). Parsers that read special
     tokens need them in the text they parse: vLLM 0.34's ``llama3_json`` matches
-    ``<|python_tag|>`` by token id and by text, and would misread a text without it.
+    ``<|python_tag|>`` by token id and by text; given the ids without the text, it found the
+    call only once the output ended, not as it streamed (0.34's parser tried over 0.32 here).
     """
     values = layer_sampling(DEFAULTS, model_defaults, call, parser_needs)
     values["max_tokens"] = min(values["max_tokens"], max_model_len - prompt_tokens)
