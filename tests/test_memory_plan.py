@@ -305,6 +305,22 @@ def test_gpu_memory_not_measured_plans_nothing_and_refuses_034s_race():
     assert plan_memory(rag(unmeasured, user=capped), EXTENSIBLE) == [(), (), ()]
 
 
+def test_which_options_turn_034s_extensible_cache_off():
+    assert EXTENSIBLE.extensible({}) and not ESTIMATED.extensible({})
+    for off in (
+        {"kv_cache_memory_bytes": GiB},
+        {"num_gpu_blocks_override": 64},
+        {"enable_extensible_kv_cache": False},
+        {"enable_elastic_ep": True},
+    ):
+        assert not EXTENSIBLE.extensible(off), off
+        assert EXTENSIBLE.utilization(off) == 0.92 and EXTENSIBLE.refuses_short_start(off)
+    assert EXTENSIBLE.utilization({}) == 1.0 and not EXTENSIBLE.refuses_short_start({})
+    capped = {"gpu_memory_utilization": 0.4}
+    assert EXTENSIBLE.extensible(capped) and not EXTENSIBLE.takes_all_free(capped)
+    assert EXTENSIBLE.utilization(capped) == ESTIMATED.utilization(capped) == 0.4
+
+
 def test_the_rules_follow_the_installed_vllm(monkeypatch):
     from vllm_inline.engine.seam import versions
 
@@ -462,6 +478,7 @@ def test_the_rules_are_vllms(root):
     )
     assert "elif cache_config.kv_cache_memory_bytes is not None:\nunsupported =" in resolve
     assert "elif cache_config.num_gpu_blocks_override is not None:\nunsupported =" in resolve
+    assert "elif self.parallel_config.enable_elastic_ep:\nunsupported =" in resolve
     assert "if requested is None:\nenabled = unsupported is None and" in resolve
     assert "elif requested and unsupported is not None:\nraise ValueError" in resolve
     # ... sized after warm-up from what is free then, capped by the request, less a margin

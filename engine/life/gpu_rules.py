@@ -65,6 +65,10 @@ class GpuRules:
             options.get(n) is not None for n in ("kv_cache_memory_bytes", "num_gpu_blocks_override")
         ):
             return False  # asking for it as well is vLLM's ValueError at start
+        if options.get("enable_elastic_ep"):
+            return False  # elastic EP reuses the profiled size: vLLM turns it off
+        # Not modelled: a kv_transfer_config whose connector cannot use it (vLLM turns it off,
+        # or refuses to start when it is asked for); such an engine is read as extensible.
         return options.get("enable_extensible_kv_cache") is not False
 
     def utilization(self, options: Mapping[str, Any]) -> float:
