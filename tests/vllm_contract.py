@@ -86,8 +86,9 @@ class Llama3Json:
     the llama3 family) does, read from its source (``test_llama3_json_is_as_expected``)."""
 
     module: str
-    """Its module under ``vllm/tool_parsers`` and class, as the registry names them."""
+    """Its module under ``vllm/tool_parsers``, as the registry names it."""
     cls: str
+    """Its class in that module."""
     arguments_in_fragments: bool
     """True when it streams a call's arguments as they grow, False when whole, once the call
     ends."""
