@@ -300,15 +300,20 @@ class Engine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        **prompt_options: Any,
     ) -> list[int]:
         """The token ids :meth:`astream` would prefill for ``messages`` (or ``prompt``).
 
         The same rendering as a request: the model's chat template (or ``chat_template``) with
         ``tools`` and ``chat_template_kwargs``, generation prompt included, through vLLM's
         renderer. ``len(...)`` is the exact prompt size, e.g. to check it against
-        :attr:`max_model_len` or to trim a conversation. Starts the engine.
+        :attr:`max_model_len` or to trim a conversation. ``prompt_options`` are a request's
+        rendering options (``add_generation_prompt``, ``continue_final_message``,
+        ``add_special_tokens``, ...: :class:`~vllm_inline.engine.request.prompt_options.
+        PromptOptions`). Starts the engine.
         """
         options = _render_options(prompt, tools, chat_template, chat_template_kwargs)
+        options.update(prompt_options)
         request = self._request(messages, options)
         return await self._arun(lambda runtime: render.prompt_token_ids(runtime, request))
 
@@ -320,9 +325,11 @@ class Engine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        **prompt_options: Any,
     ) -> list[int]:
         """The synchronous form of :meth:`aprompt_token_ids` (same arguments, same ids)."""
         options = _render_options(prompt, tools, chat_template, chat_template_kwargs)
+        options.update(prompt_options)
         request = self._request(messages, options)
         return self._run(
             lambda runtime: render.prompt_token_ids(runtime, request),

@@ -53,6 +53,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-n", type=int, default=8, help="refuse a larger n (default: 8)")
     parser.add_argument(
+        "--strict-fields",
+        action="store_true",
+        help="refuse request fields the server does not know (400) instead of ignoring them "
+        "with a warning, as vllm serve does",
+    )
+    parser.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="take a request's chat_template (as vllm serve's flag; default: refused)",
+    )
+    parser.add_argument(
+        "--trust-request-mm-kwargs",
+        action="store_true",
+        help="take a request's mm_processor_kwargs and media_io_kwargs (as vllm serve's flag)",
+    )
+    parser.add_argument(
         "--workers",
         type=worker_count,
         default=1,
@@ -116,6 +132,9 @@ def build_app(args: argparse.Namespace) -> Any:
         max_body_bytes=args.max_body_bytes,
         max_tokens_cap=args.max_tokens_cap,
         max_n=args.max_n,
+        strict_fields=getattr(args, "strict_fields", False),
+        trust_request_chat_template=getattr(args, "trust_request_chat_template", False),
+        trust_request_mm_kwargs=getattr(args, "trust_request_mm_kwargs", False),
     )
     return create_app(
         chat,
