@@ -24,9 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ENGINE_KINDS", "KINDS", "TABLE", "Field", "fields_of", "to_engine"]
+__all__ = ["ALL_RELEASES", "ENGINE_KINDS", "KINDS", "TABLE", "Field", "fields_of", "to_engine"]
 
 KINDS = ("sampling", "prompt", "request", "route", "no effect", "refused")
+ALL_RELEASES = "0.30-0.34"
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class Field:
     """The requests that have it: ``chat`` (``/v1/chat/completions``), ``completion``."""
     default: Any = None
     """For ``refused``: the value that is taken (any other is refused)."""
+    releases: str = ALL_RELEASES
+    """The vLLM releases whose requests have it (checked: 0.30, 0.32, 0.33, 0.34)."""
 
 
 CHAT, COMPLETION = ("chat",), ("completion",)
@@ -130,7 +133,7 @@ TABLE: Mapping[str, Field] = {
     "truncation_side": Field("prompt", "`left` / `right`, with `truncate_prompt_tokens`"),
     "cache_salt": Field("prompt", "salts vLLM's prefix cache for this request"),
     "mm_processor_kwargs": Field(
-        "prompt", "the HF processor's options (needs `Limits.trust_request_mm_kwargs`)"
+        "prompt", "the HF processor's options (needs `Limits.trust_request_mm_kwargs`)", CHAT
     ),
     "media_io_kwargs": Field(
         "prompt", "vLLM's media loaders' options (needs `Limits.trust_request_mm_kwargs`)", CHAT
@@ -159,11 +162,13 @@ TABLE: Mapping[str, Field] = {
     "return_tokens_as_token_ids": Field("route", "logprob tokens as `token_id:<id>`"),
     "return_prompt_text": Field("route", "the rendered prompt as `prompt_text`", CHAT),
     "return_token_offsets": Field("no effect", _RENDER_ONLY),
-    "mm_payload": Field("no effect", _RENDER_ONLY),
-    "return_mm_kwargs": Field("no effect", _RENDER_ONLY),
-    "return_assistant_tokens_mask": Field("no effect", f"vLLM 0.30 only; {_RENDER_ONLY}", CHAT),
+    "mm_payload": Field("no effect", _RENDER_ONLY, releases="0.32-0.34"),
+    "return_mm_kwargs": Field("no effect", _RENDER_ONLY, releases="0.32-0.34"),
+    "return_assistant_tokens_mask": Field("no effect", _RENDER_ONLY, CHAT, releases="0.30"),
     "return_weight_versions": Field(
-        "no effect", "the version of weights updated in place (RL); none are here (vLLM 0.33+)"
+        "no effect",
+        "the version of weights updated in place (RL); none are here",
+        releases="0.33-0.34",
     ),
     "routed_experts_prompt_start": Field(
         "no effect", "for routed-expert capture of MoE models (a vLLM server flag); none here"
