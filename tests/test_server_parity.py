@@ -376,6 +376,93 @@ CHAT_CASES = {
 }
 
 
+# vLLM's own request fields (issue 57): the same effect on both servers, streamed or not.
+FIELD_CASES = {
+    "return_token_ids": {"messages": HELLO, "return_token_ids": True},
+    "bad_words": {"messages": HELLO, "bad_words": ["The"], "max_tokens": 6},
+    "structured_outputs": {
+        "messages": HELLO,
+        "structured_outputs": {"choice": ["yes", "no"]},
+        "max_tokens": 5,
+    },
+    "continue_final_message": {
+        "messages": [*HELLO, {"role": "assistant", "content": "The answer"}],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+    },
+    "tokens as ids": {
+        "messages": HELLO,
+        "logprobs": True,
+        "top_logprobs": 1,
+        "return_tokens_as_token_ids": True,
+    },
+    "an unknown field": {"messages": HELLO, "frobnicate": 1},
+}
+# Only without streaming (vLLM refuses prompt_logprobs in a stream).
+WHOLE_FIELD_CASES = {
+    "prompt_logprobs": {"messages": HELLO, "prompt_logprobs": 1, "return_token_ids": True},
+    "echo": {
+        "messages": [*HELLO, {"role": "assistant", "content": "The answer"}],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+        "echo": True,
+    },
+}
+
+
+@pytest.mark.parametrize("case", [*FIELD_CASES, *WHOLE_FIELD_CASES])
+def test_vllm_request_fields(pairs: dict[str, Pair], case: str) -> None:
+    body = {**FIELD_CASES, **WHOLE_FIELD_CASES}[case]
+    vllm, ours = pairs["chat"].both(CHAT, body)
+    assert_same(vllm, usage_as_vllm(ours))
+    if case in FIELD_CASES:
+        assert_same_stream(*pairs["chat"].streams(CHAT, body))
+
+
+TEXT_FIELD_CASES = {
+    "echo": {"prompt": "Once upon a time", "echo": True},
+    "logprobs": {"prompt": "Once upon a time", "logprobs": 1},
+    "echo and logprobs": {"prompt": "Once upon a time", "echo": True, "logprobs": 0},
+    "return_token_ids": {"prompt": "Once upon a time", "return_token_ids": True},
+}
+
+
+@pytest.mark.parametrize("case", list(TEXT_FIELD_CASES))
+def test_vllm_completion_fields(pairs: dict[str, Pair], case: str) -> None:
+    body = TEXT_FIELD_CASES[case]
+    vllm, ours = pairs["chat"].both(TEXT, body)
+    assert_same(vllm, usage_as_vllm(ours))
+    if "logprobs" not in body:  # ALLOWED: ours restarts text_offset in each streamed chunk
+        assert_same_stream(*pairs["chat"].streams(TEXT, body), text="text")
+
+
+TOKENIZE_CASES = {
+    "messages": ("/tokenize", {"messages": HELLO, "return_token_strs": True}),
+    "messages, tools": ("/tokenize", {"messages": AFTER_TOOL, "tools": [WEATHER_TOOL]}),
+    "no generation prompt": ("/tokenize", {"messages": HELLO, "add_generation_prompt": False}),
+    "prompt": ("/tokenize", {"prompt": "Once upon a time"}),
+    "prompt, no specials": ("/tokenize", {"prompt": "Once", "add_special_tokens": False}),
+    "detokenize": ("/detokenize", {"tokens": [128000, 9843, 5304, 264, 892]}),
+}
+
+
+@pytest.mark.parametrize("case", list(TOKENIZE_CASES))
+def test_tokenize_and_detokenize(pairs: dict[str, Pair], case: str) -> None:
+    route, body = TOKENIZE_CASES[case]
+    key = "tools" if "tools" in body else "chat"
+    if route == "/detokenize":  # ids of this tokenizer: those of a prompt
+        tokens = pairs[key].both("/tokenize", {"prompt": "Once upon a time"})[0]["tokens"]
+        body = {"tokens": tokens}
+    assert_same(*pairs[key].both(route, body))
+
+
+def test_version(pairs: dict[str, Pair]) -> None:
+    pair = pairs["chat"]
+    vllm, ours = (httpx.get(pair.urls[side] + "/version", timeout=30) for side in ("vllm", "ours"))
+    assert vllm.status_code == ours.status_code == 200
+    assert_same(vllm.json(), ours.json())
+
+
 @pytest.mark.parametrize("case", list(CHAT_CASES))
 def test_chat_completion(pairs: dict[str, Pair], case: str) -> None:
     vllm, ours = pairs["chat"].both(CHAT, CHAT_CASES[case])
@@ -476,6 +563,17 @@ ERRORS = {  # case: (model, route, body (or vLLM's and ours'), param: SAME or (v
     # ALLOWED (param): vLLM's is null; ours names n.
     "n over the cap": ("chat", CHAT, HUGE_N, (None, "n")),
     "n over our cap": ("chat", CHAT, (HUGE_N, OVER_OUR_CAP), (None, "n")),
+    # Request fields (issue 57). ALLOWED (param): where vLLM's is null, ours names the field.
+    "untrusted chat_template": ("chat", CHAT, {"messages": HELLO, "chat_template": "{{ 1 }}"},
+                                (None, "chat_template")),
+    "untrusted mm_processor_kwargs": ("chat", CHAT,
+                                      {"messages": HELLO, "mm_processor_kwargs": {"a": 1}}, SAME),
+    "both generation prompt and continue": ("chat", CHAT, {
+        "messages": HELLO, "add_generation_prompt": True, "continue_final_message": True},
+        (None, "continue_final_message")),
+    "prompt_logprobs, streamed": ("chat", CHAT,
+                                  {"messages": HELLO, "prompt_logprobs": 1, "stream": True}, SAME),
+    "suffix without FIM": ("chat", TEXT, {"prompt": "Once", "suffix": "end"}, SAME),
 }  # fmt: skip
 
 
