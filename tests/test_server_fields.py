@@ -126,3 +126,22 @@ def test_docs_server_md_has_the_generated_table() -> None:
         "docs/server.md's field table differs from vllm_inline/server/fields.py: rerun this test "
         "with VLLMINLINE_WRITE_DOCS=1 to regenerate it."
     )
+
+
+def test_serve_flags_set_the_limits() -> None:
+    import argparse
+
+    from vllm_inline.serve import add_arguments, limits_of
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    default = limits_of(parser.parse_args([]))
+    assert not (
+        default.strict_fields
+        or default.trust_request_chat_template
+        or default.trust_request_mm_kwargs
+    )
+    flags = ["--strict-fields", "--trust-request-chat-template", "--trust-request-mm-kwargs"]
+    limits = limits_of(parser.parse_args(flags))
+    assert limits.strict_fields and limits.trust_request_chat_template
+    assert limits.trust_request_mm_kwargs

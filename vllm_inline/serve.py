@@ -14,7 +14,14 @@ from typing import Any
 
 from vllm_inline.testing import build_scripted_model
 
-__all__ = ["add_arguments", "app_from_environment", "build_app", "serve", "worker_count"]
+__all__ = [
+    "add_arguments",
+    "app_from_environment",
+    "build_app",
+    "limits_of",
+    "serve",
+    "worker_count",
+]
 
 ARGS_VARIABLE = "VLLMINLINE_SERVE_ARGS"
 """The ``serve`` arguments, as JSON, in each worker of ``--workers N``."""
@@ -118,24 +125,31 @@ def app_from_environment() -> Any:
     return build_app(argparse.Namespace(**json.loads(os.environ[ARGS_VARIABLE])))
 
 
+def limits_of(args: argparse.Namespace) -> Any:
+    """The server's :class:`~vllm_inline.server.Limits` from the ``serve`` arguments."""
+    from vllm_inline.server import Limits
+
+    return Limits(
+        api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes,
+        max_tokens_cap=args.max_tokens_cap,
+        max_n=args.max_n,
+        strict_fields=args.strict_fields,
+        trust_request_chat_template=args.trust_request_chat_template,
+        trust_request_mm_kwargs=args.trust_request_mm_kwargs,
+    )
+
+
 def build_app(args: argparse.Namespace) -> Any:
     """The FastAPI app that serves the models of ``args``."""
-    from vllm_inline.server import Limits, create_app
+    from vllm_inline.server import create_app
 
     chat: Any = args.model or str(build_scripted_model("demo"))
     if args.served_model_name:
         from vllm_inline.engine import get_engine
 
         chat = {args.served_model_name: get_engine(chat, **(args.vllm_kwargs or {}))}
-    limits = Limits(
-        api_key=args.api_key,
-        max_body_bytes=args.max_body_bytes,
-        max_tokens_cap=args.max_tokens_cap,
-        max_n=args.max_n,
-        strict_fields=getattr(args, "strict_fields", False),
-        trust_request_chat_template=getattr(args, "trust_request_chat_template", False),
-        trust_request_mm_kwargs=getattr(args, "trust_request_mm_kwargs", False),
-    )
+    limits = limits_of(args)
     return create_app(
         chat,
         embedding=args.embedding_model,

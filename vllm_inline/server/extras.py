@@ -85,8 +85,7 @@ def _first(deltas: Iterable[Delta]) -> Delta | None:
 def _ids_in_logprobs(logprobs: dict[str, Any], steps: Sequence[TokenLogprob]) -> None:
     """``return_tokens_as_token_ids`` on a chat ``logprobs`` object built from ``steps``."""
     for entry, step in zip(logprobs.get("content") or [], steps):
-        entry["token"] = _as_id(step.token_id)
-        entry["bytes"] = list(entry["token"].encode())
+        entry["token"] = _as_id(step.token_id)  # its bytes stay the text's, as vLLM sends them
         ids = [step.token_id, *(t for t in step.top_token_ids if t != step.token_id)]
         for top, token_id in zip(entry.get("top_logprobs") or [], ids):
             top["token"] = _as_id(token_id)
