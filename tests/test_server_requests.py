@@ -128,6 +128,7 @@ def test_return_token_ids_are_the_tokenizers(servers: Callable[..., Server]) -> 
     assert chunks[0]["prompt_token_ids"] == answer["prompt_token_ids"]
     assert [t for c in chunks[1:] for t in c["choices"][0]["token_ids"] or ()] == generated
     assert srv.chat()["prompt_token_ids"] is None  # not asked for
+    assert srv.chat(request_id="mine-1", max_tokens=1)["id"] == "chatcmpl-mine-1"
 
 
 def test_prompt_logprobs(servers: Callable[..., Server]) -> None:

@@ -148,7 +148,13 @@ def chat_kwargs(body: Mapping[str, Any], limits: Limits | None = None) -> dict[s
     if body.get("logprobs"):
         kwargs["logprobs"] = body.get("top_logprobs") or 0
     else:
-        kwargs.pop("logprob_token_ids", None)  # vLLM: only with logprobs
+        for name in ("logprob_token_ids", "top_logprobs"):
+            if body.get(name):  # as vLLM's check_logprobs
+                raise BadRequestError(
+                    f"when using `{name}`, `logprobs` must be set to true.",
+                    parameter=name,
+                    value=body[name],
+                )
     return kwargs
 
 
@@ -162,6 +168,12 @@ def completion_kwargs(body: Mapping[str, Any], limits: Limits | None = None) -> 
         if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0:
             raise BadRequestError.invalid("logprobs", logprobs, "an integer >= 0 (top logprobs)")
         kwargs["logprobs"] = logprobs
+    elif body.get("logprob_token_ids"):
+        raise BadRequestError(
+            "when using `logprob_token_ids`, `logprobs` must be set.",
+            parameter="logprob_token_ids",
+            value=body["logprob_token_ids"],
+        )
     if body.get("echo") and body.get("suffix") is not None:
         raise BadRequestError("Echo is unsupported with suffix.", parameter="suffix")
     if body.get("echo") and kwargs.get("prompt_logprobs") is None and logprobs is not None:
