@@ -81,7 +81,9 @@ TABLE: Mapping[str, Field] = {
     ),
     "top_logprobs": Field("route", "alternatives per token, with `logprobs`", CHAT),
     "response_format": Field(
-        "route", "`json_object` / `json_schema`: the engine's `structured_outputs`"
+        "route",
+        "`json_object` / `json_schema` / `structural_tag`: the engine's `structured_outputs` "
+        "(over the same fields of `structured_outputs`, as vLLM)",
     ),
     # -- vLLM's sampling extras --
     "top_k": Field("sampling", _SAMPLING),

@@ -9,6 +9,7 @@ when the server is strict (``Limits.strict_fields``)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -90,21 +91,28 @@ def _common(body: Mapping[str, Any], route: str) -> dict[str, Any]:
             ) from None
     response_format = body.get("response_format") or {"type": "text"}
     kind = response_format.get("type") if isinstance(response_format, Mapping) else None
-    if kind in ("json_schema", "json_object") and body.get("structured_outputs"):
-        raise BadRequestError(
-            "Pass one of response_format and structured_outputs, not both.",
-            parameter="structured_outputs",
-            value=body["structured_outputs"],
-        )
+    overrides: dict[str, Any] = {}
     if kind == "json_schema":
         schema = (response_format.get("json_schema") or {}).get("schema")
-        kwargs["structured_outputs"] = {"json": schema or {"type": "object"}}
+        overrides = {"json": schema or {"type": "object"}}
     elif kind == "json_object":
-        kwargs["structured_outputs"] = {"json_object": True}
+        overrides = {"json_object": True}
+    elif kind == "structural_tag":
+        overrides = {"structural_tag": json.dumps(response_format)}
     elif kind != "text":
         raise BadRequestError.invalid(
-            "response_format", response_format, "{'type': 'text' | 'json_object' | 'json_schema'}"
+            "response_format",
+            response_format,
+            "{'type': 'text' | 'json_object' | 'json_schema' | 'structural_tag'}",
         )
+    if overrides:
+        # As vLLM's structured_outputs_from_response_format: response_format wins over the
+        # same fields of structured_outputs, the others stay.
+        given = body.get("structured_outputs")
+        kwargs["structured_outputs"] = {
+            **(given if isinstance(given, Mapping) else {}),
+            **overrides,
+        }
     return kwargs
 
 
