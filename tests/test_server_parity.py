@@ -592,6 +592,8 @@ ERRORS = {  # case: (model, route, body (or vLLM's and ours'), param: SAME or (v
     "prompt_logprobs, streamed": ("chat", CHAT,
                                   {"messages": HELLO, "prompt_logprobs": 1, "stream": True}, SAME),
     "suffix without FIM": ("chat", TEXT, {"prompt": "Once", "suffix": "end"}, SAME),
+    "thinking_token_budget without a reasoning config": ("chat", CHAT, {
+        "messages": HELLO, "thinking_token_budget": 5}, (None, "thinking_token_budget")),
 }  # fmt: skip
 
 

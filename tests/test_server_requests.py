@@ -234,6 +234,14 @@ def test_an_unknown_field_is_ignored_with_one_warning(
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "use_beam_search"
     assert text(srv.chat(use_beam_search=False, length_penalty=1.0)) == ANSWER
+    # Taken, and refused by vLLM's engine with its reason: the engine has no reasoning config.
+    response = httpx.post(
+        srv.url + "/v1/chat/completions",
+        json={"model": srv.model, "messages": HELLO, "thinking_token_budget": 5},
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "thinking_token_budget"
+    assert "reasoning_config" in response.json()["error"]["message"]
 
 
 # -- completions ----------------------------------------------------------------------------
