@@ -199,7 +199,7 @@ def test_chat_template_only_from_a_trusting_server(servers: Callable[..., Server
     assert answer["usage"]["prompt_tokens"] != plain["usage"]["prompt_tokens"]
 
 
-def test_truncate_prompt_tokens_and_cache_salt(servers: Callable[..., Server]) -> None:
+def test_truncate_prompt_tokens_cache_salt_and_session_id(servers: Callable[..., Server]) -> None:
     srv = servers()
     whole = srv.chat()["usage"]["prompt_tokens"]
     cut = srv.chat(truncate_prompt_tokens=3)
@@ -207,6 +207,7 @@ def test_truncate_prompt_tokens_and_cache_salt(servers: Callable[..., Server]) -
     salted = srv.chat(cache_salt="a-salt-only-this-client-knows")
     assert text(salted) == ANSWER and salted["usage"]["prompt_tokens"] == whole
     assert salted["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # a cache of its own
+    assert text(srv.chat(session_id="conversation-1")) == ANSWER  # a label for KV events
 
 
 # -- unknown and refused fields -------------------------------------------------------------

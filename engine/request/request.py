@@ -72,6 +72,9 @@ class Request:
     """How the prompt is rendered beyond the messages (generation prompt, a prefilled last
     message, documents, reasoning effort, special tokens, truncation, cache salt, multimodal
     processor options): :mod:`.prompt_options`."""
+    session_id: str | None = None
+    """vLLM's ``session_id``: a label on the request's KV-cache events (for cache-aware routers
+    reading them, with the engine's ``kv_events_config``); no effect on the answer."""
     include_reasoning: bool = True
     """``False``: the reasoning parser's reasoning is dropped, not returned (vLLM's
     ``include_reasoning``)."""
@@ -139,6 +142,9 @@ def build_request(
     include_reasoning = options.pop("include_reasoning", None)
     if include_reasoning is not None and not isinstance(include_reasoning, bool):
         raise BadRequestError.invalid("include_reasoning", include_reasoning, "true or false")
+    session_id = options.pop("session_id", None)
+    if session_id is not None and not isinstance(session_id, str):
+        raise BadRequestError.invalid("session_id", session_id, "a string")
     xargs = options.pop("vllm_xargs", None)
     if xargs is not None:
         # vLLM's server hands ``vllm_xargs`` to SamplingParams as ``extra_args``.
@@ -165,6 +171,7 @@ def build_request(
         stream=stream,
         prompt_options=prompt_options,
         include_reasoning=include_reasoning is not False,
+        session_id=session_id,
     )
 
 

@@ -201,6 +201,12 @@ CONTRACT: tuple[Use, ...] = (
         ),
     ),
     _u("vllm.v1.engine.async_llm", "AsyncLLM.from_engine_args", keywords=("stat_loggers",)),
+    # engine/stream/generate.py: a request's vLLM options (issue 57: vLLM's session_id)
+    _u(
+        "vllm.v1.engine.async_llm",
+        "AsyncLLM.generate",
+        keywords=("lora_request", "priority", "session_id"),
+    ),
     # engine/seam/vllm_group.py and vllm_engine.start_engine(client=...): engine cores for several
     # front ends, as run_multi_api_server in vllm/entrypoints/cli/serve.py
     _u(

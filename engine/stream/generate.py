@@ -84,8 +84,14 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
         first = True  # the request's first delta carries the prompt's ids (and logprobs)
         for attempt in (1, 2):
             request_id = f"vllm-inline-{next(_request_ids)}"
+            more = {"session_id": request.session_id} if request.session_id is not None else {}
             stream = llm.generate(
-                engine_input, params, request_id, lora_request=lora, priority=request.priority
+                engine_input,
+                params,
+                request_id,
+                lora_request=lora,
+                priority=request.priority,
+                **more,
             )
             async for out in stream:
                 if out.finished and any(c.finish_reason == "error" for c in out.outputs):

@@ -60,8 +60,8 @@ TABLE: Mapping[str, Field] = {
     "request_id": Field("route", "the response's id (`chatcmpl-<request_id>`, `cmpl-...`)"),
     "user": Field("no effect", "OpenAI's end-user label; vLLM ignores it too"),
     "session_id": Field(
-        "no effect",
-        "a label vLLM carries for KV-transfer connectors between instances; none run here",
+        "request",
+        "the engine's `session_id`: a label on vLLM's KV-cache events (cache-aware routers)",
     ),
     # -- OpenAI's sampling fields --
     "temperature": Field("sampling", _SAMPLING),
