@@ -61,8 +61,8 @@ class Server:
 
 @pytest.fixture(scope="module")
 def servers(scripted: Any) -> Iterator[Callable[..., Server]]:
-    """``servers(**limits)``: llama3's server with those ``Limits`` (the first one starts the
-    shared engine; the others run next to it without a lifespan)."""
+    """``servers(**limits)``: llama3's server with those ``Limits``, on the suite's shared
+    engine (started here first, so that it outlives the servers)."""
     stack = contextlib.ExitStack()
     made: dict[tuple[Any, ...], Server] = {}
 
@@ -70,9 +70,9 @@ def servers(scripted: Any) -> Iterator[Callable[..., Server]]:
         key = tuple(sorted(limits.items()))
         if key not in made:
             s = scripted("llama3")
-            lifespan = "off" if made else "on"
+            s.engine.start()  # the suite's shared engine: no server's lifespan stops it
             app = create_app(s.path, vllm_kwargs=s.engine_kwargs, limits=Limits(**limits))
-            made[key] = Server(s, stack.enter_context(serving(app, lifespan=lifespan)))
+            made[key] = Server(s, stack.enter_context(serving(app)))
         return made[key]
 
     with stack:
