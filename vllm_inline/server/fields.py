@@ -153,7 +153,11 @@ TABLE: Mapping[str, Field] = {
     "tools": Field("request", "function tools, for the template and the tool parser", CHAT),
     "tool_choice": Field("request", "`auto`, `none`, `required` or a named function", CHAT),
     "parallel_tool_calls": Field("route", "`false`: only the first tool call is kept", CHAT),
-    "include_reasoning": Field("request", "`false`: the reasoning is dropped", CHAT),
+    "include_reasoning": Field(
+        "request",
+        "`false`: a reasoning parser's reasoning is dropped (the engine's `reasoning_parser`)",
+        CHAT,
+    ),
     # -- the response's extras --
     "echo": Field(
         "route",
