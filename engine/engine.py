@@ -179,7 +179,8 @@ class Engine:
     ) -> AsyncIterator[Delta]:
         """Stream the answer to ``messages`` (OpenAI-style chat) as :class:`Delta` objects.
 
-        Keyword arguments: ``prompt`` (a pre-formatted prompt instead of ``messages``), ``tools``,
+        Keyword arguments: ``prompt`` (a pre-formatted prompt instead of ``messages``: text, or
+        token ids), ``tools``,
         ``tool_choice``, ``chat_template``, ``chat_template_kwargs``, ``tool_parser``,
         ``reasoning_parser``, ``structured_outputs``, ``lora`` (a LoRA adapter directory, ``(name,
         path)`` or a name seen before: see :mod:`vllm_inline.engine.request.lora`), ``priority`` (an
@@ -296,7 +297,7 @@ class Engine:
         self,
         messages: Sequence[Mapping[str, Any]] | None = None,
         *,
-        prompt: str | None = None,
+        prompt: str | list[int] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
@@ -321,7 +322,7 @@ class Engine:
         self,
         messages: Sequence[Mapping[str, Any]] | None = None,
         *,
-        prompt: str | None = None,
+        prompt: str | list[int] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,

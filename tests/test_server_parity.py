@@ -454,6 +454,14 @@ def test_vllm_completion_fields(pairs: dict[str, Pair], case: str) -> None:
         assert_same_stream(*pairs["chat"].streams(TEXT, body), text="text")
 
 
+def test_token_id_prompts(pairs: dict[str, Pair]) -> None:
+    ids = pairs["chat"].both("/tokenize", {"prompt": "Once upon a time"})[0]["tokens"]
+    for prompt in (ids, [ids, ids[1:]]):
+        body = {"prompt": prompt, "echo": True, "return_token_ids": True}
+        vllm, ours = pairs["chat"].both(TEXT, body)
+        assert_same(vllm, usage_as_vllm(ours))
+
+
 TOKENIZE_CASES = {
     "messages": ("/tokenize", {"messages": HELLO, "return_token_strs": True}),
     "messages, tools": ("/tokenize", {"messages": AFTER_TOOL, "tools": [WEATHER_TOOL]}),

@@ -270,6 +270,11 @@ def test_completion_echo_and_logprobs(servers: Callable[..., Server]) -> None:
     assert "".join(c["choices"][0]["text"] for c in chunks) == prompt + story
     suffix = srv.post("/v1/completions", {"prompt": prompt, "suffix": "end."}, status=400)
     assert suffix["error"]["param"] == "suffix"
+    ids = srv.s.engine.tokenizer.encode(prompt)
+    by_ids = srv.post("/v1/completions", {"prompt": [ids, ids], "echo": True})
+    texts = [c["text"] for c in by_ids["choices"]]
+    assert texts[0] == texts[1] and texts[0].endswith(prompt + story)
+    assert by_ids["usage"]["prompt_tokens"] == 2 * len(ids)
 
 
 # -- /tokenize, /detokenize, /version ----------------------------------------------------------

@@ -43,6 +43,12 @@ async def render(runtime: Runtime, request: Request) -> Any:
     if request.prompt is not None:
         prompt = request.prompt
         if options.suffix is not None:
+            if not isinstance(prompt, str):
+                raise BadRequestError(
+                    "suffix requires text prompt input for FIM completion rendering",
+                    parameter="suffix",
+                    value=options.suffix,
+                )
             filled = vllm_render.fill_in_the_middle(runtime.running_llm(), prompt, options.suffix)
             if filled is None:
                 raise BadRequestError(

@@ -36,8 +36,8 @@ class Request:
 
     messages: list[dict[str, Any]] | None
     """OpenAI-style chat messages (checked copies), or ``None`` with :attr:`prompt`."""
-    prompt: str | None
-    """A pre-formatted prompt sent as is, instead of :attr:`messages`."""
+    prompt: str | list[int] | None
+    """A pre-formatted prompt sent as is (text, or token ids), instead of :attr:`messages`."""
     tools: list[dict[str, Any]] | None
     """OpenAI-style function tools for the chat template and the tool parser."""
     tool_choice: str | None
@@ -100,7 +100,13 @@ def build_request(
             value=messages,
         )
     if prompt is not None and not isinstance(prompt, str):
-        raise BadRequestError.invalid("prompt", prompt, "a string")
+        if not (
+            isinstance(prompt, (list, tuple))
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
+        ):
+            raise BadRequestError.invalid("prompt", prompt, "a string, or a list of token ids")
+        prompt = list(prompt)
     tools = validate_tools(options.pop("tools", None))
     tool_choice = validate_tool_choice(options.pop("tool_choice", None), tools)
     chat_template = options.pop("chat_template", None)

@@ -103,12 +103,13 @@ def is_media_error(e: BaseException) -> bool:
 
 async def render_prompt(
     llm: AsyncLLM,
-    prompt: str,
+    prompt: str | list[int],
     *,
     tok_kwargs: Mapping[str, Any] | None = None,
     prompt_extras: Mapping[str, Any] | None = None,
 ) -> Any:
-    """Tokenize a pre-formatted prompt as is (no template) into an engine input;
+    """Tokenize a pre-formatted prompt as is (no template; token ids are taken as they are)
+    into an engine input;
     ``tok_kwargs`` and ``prompt_extras`` as in :func:`render_chat`."""
     renderer = llm.renderer
     parsed = parse_model_prompt(llm.model_config, prompt)

@@ -153,6 +153,13 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
             "created": now(),
         }
         decode = decoder(served.engine)
+
+        def as_text(prompt: str | list[int]) -> str:
+            """The prompt as an echo writes it (token ids decoded, only for an echo)."""
+            if isinstance(prompt, str) or not body.get("echo"):
+                return prompt if isinstance(prompt, str) else ""
+            return decode(prompt)
+
         streams = [served.engine.astream(prompt=p, **kwargs) for p in prompts]
         if not body.get("stream"):
             work = asyncio.gather(*(collect(s) for s in streams))
@@ -167,7 +174,7 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
             for prompt, deltas in zip(prompts, answers):  # in text_completion_from_deltas' order
                 for index in sorted({d.index for d in deltas}):
                     mine = [d for d in deltas if d.index == index]
-                    text_choice_extras(next(choices), mine, body, prompt, decode)
+                    text_choice_extras(next(choices), mine, body, as_text(prompt), decode)
             return JSONResponse(whole)
         n = int(kwargs.get("n") or 1)
         usage = include_usage(body)
@@ -178,7 +185,8 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
             chunk = text_chunk_from_delta(
                 delta, index=index, system_fingerprint=fingerprint, **meta
             )
-            text_choice_extras(chunk["choices"][0], [delta], body, prompts[prompt], decode, first)
+            text = as_text(prompts[prompt]) if first else ""
+            text_choice_extras(chunk["choices"][0], [delta], body, text, decode, first)
             return [chunk]
 
         ending = partial(usage_chunk, system_fingerprint=served.fingerprint) if usage else None

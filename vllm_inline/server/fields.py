@@ -54,7 +54,9 @@ TABLE: Mapping[str, Field] = {
     # -- the request itself --
     "model": Field("route", "picks the served model (404 naming it when not served)"),
     "messages": Field("request", "the chat, checked, rendered by the model's template", CHAT),
-    "prompt": Field("request", "a string or a list of strings, one request each", COMPLETION),
+    "prompt": Field(
+        "request", "text or token ids, or a list of either: one request each", COMPLETION
+    ),
     "stream": Field("route", "server-sent events"),
     "stream_options": Field("route", "`include_usage`: the usage chunk"),
     "request_id": Field("route", "the response's id (`chatcmpl-<request_id>`, `cmpl-...`)"),

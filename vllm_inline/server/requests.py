@@ -189,11 +189,29 @@ def completion_kwargs(body: Mapping[str, Any], limits: Limits | None = None) -> 
     return kwargs
 
 
-def prompts_of(body: Mapping[str, Any]) -> list[str]:
-    """The body's ``prompt``: one string or a list of strings."""
+def prompts_of(body: Mapping[str, Any]) -> list[str | list[int]]:
+    """The body's ``prompt``: a string, a list of strings, a list of token ids or a list of
+    those, as ``vllm serve`` takes it; one request each."""
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return [prompt]
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        return list(prompt)
-    raise BadRequestError.invalid("prompt", prompt, "a string or a non-empty list of strings")
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        if all(_token_ids(p) for p in prompt):
+            return [list(p) for p in prompt]
+        if _token_ids(prompt):
+            return [list(prompt)]
+    raise BadRequestError.invalid(
+        "prompt",
+        prompt,
+        "a string, a non-empty list of strings, a list of token ids, or a list of those",
+    )
+
+
+def _token_ids(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+    )
