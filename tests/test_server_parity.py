@@ -397,16 +397,16 @@ FIELD_CASES = {
         "return_tokens_as_token_ids": True,
     },
     "an unknown field": {"messages": HELLO, "frobnicate": 1},
-}
-# Only without streaming (vLLM refuses prompt_logprobs in a stream).
-WHOLE_FIELD_CASES = {
-    "prompt_logprobs": {"messages": HELLO, "prompt_logprobs": 1, "return_token_ids": True},
     "echo": {
         "messages": [*HELLO, {"role": "assistant", "content": "The answer"}],
         "continue_final_message": True,
         "add_generation_prompt": False,
         "echo": True,
     },
+}
+# Only without streaming (vLLM refuses prompt_logprobs in a stream).
+WHOLE_FIELD_CASES = {
+    "prompt_logprobs": {"messages": HELLO, "prompt_logprobs": 1, "return_token_ids": True},
 }
 
 

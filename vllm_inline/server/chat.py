@@ -134,8 +134,17 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
             role = chat_stream_extras(role_chunk(delta.index, **meta), delta, body, decode)
             if not echo:
                 return [role, chunk]
-            said = role_chunk(delta.index, **meta)
-            said["choices"][0]["delta"] = {"content": echo}
+            said = {  # as vLLM's echo chunk: no prompt fields
+                **{k: v for k, v in role_chunk(delta.index, **meta).items() if "prompt" not in k},
+                "choices": [
+                    {
+                        "index": delta.index,
+                        "delta": {"content": echo},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
             return [role, said, chunk]
 
         ending = partial(usage_chunk, system_fingerprint=served.fingerprint) if usage else None
