@@ -24,10 +24,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ALL_RELEASES", "ENGINE_KINDS", "KINDS", "TABLE", "Field", "fields_of", "to_engine"]
+__all__ = [
+    "ALL_RELEASES",
+    "ENGINE_KINDS",
+    "KINDS",
+    "OPENAI_ONLY",
+    "TABLE",
+    "Field",
+    "fields_of",
+    "to_engine",
+]
 
 KINDS = ("sampling", "prompt", "request", "route", "no effect", "refused")
 ALL_RELEASES = "0.30-0.34"
+OPENAI_ONLY = "none (OpenAI's)"
 
 
 @dataclass(frozen=True)
@@ -180,6 +190,22 @@ TABLE: Mapping[str, Field] = {
     ),
     "routed_experts_prompt_start": Field(
         "no effect", "for routed-expert capture of MoE models (a vLLM server flag); none here"
+    ),
+    # -- OpenAI's, not vLLM's: clients send them; vLLM ignores them (debug log), so do we --
+    "store": Field("no effect", "OpenAI's stored completions", releases=OPENAI_ONLY),
+    "metadata": Field("no effect", "OpenAI's tags for stored completions", releases=OPENAI_ONLY),
+    "service_tier": Field("no effect", "OpenAI's processing tier", releases=OPENAI_ONLY),
+    "prompt_cache_key": Field(
+        "no effect",
+        "OpenAI's cache routing hint; vLLM's prefix cache needs none",
+        releases=OPENAI_ONLY,
+    ),
+    "safety_identifier": Field("no effect", "OpenAI's end-user id", releases=OPENAI_ONLY),
+    "best_of": Field(
+        "no effect",
+        "removed from vLLM (no `best_of` in `SamplingParams`); ignored, as vLLM ignores it",
+        COMPLETION,
+        releases=OPENAI_ONLY,
     ),
     "kv_transfer_params": Field(
         "refused",
