@@ -53,7 +53,7 @@ class Field:
     default: Any = None
     """For ``refused``: the value that is taken (any other is refused)."""
     releases: str = ALL_RELEASES
-    """The vLLM releases whose requests have it (checked: 0.30, 0.32, 0.33, 0.34)."""
+    """The vLLM releases whose requests have it (checked: 0.30, 0.31, 0.32, 0.33, 0.34)."""
 
 
 CHAT, COMPLETION = ("chat",), ("completion",)
