@@ -437,6 +437,20 @@ def test_vllm_request_fields(pairs: dict[str, Pair], case: str) -> None:
         assert_same_stream(theirs, mine)
 
 
+def test_continue_final_message_alone(pairs: dict[str, Pair]) -> None:
+    """ALLOWED: ``continue_final_message`` without ``add_generation_prompt: false`` is
+    ``vllm serve``'s default generation prompt plus a continuation, which its template call
+    refuses (400); ours turns the generation prompt off and continues (docs/server.md)."""
+    body = {"messages": FIELD_CASES["echo"]["messages"], "continue_final_message": True}
+    vllm, ours = (pairs["chat"].post(side, CHAT, body) for side in ("vllm", "ours"))
+    assert ours.status_code == 200, ours.text
+    assert ours.json()["choices"][0]["message"]["content"] == " is complete."
+    if vllm.status_code == 200:  # a release that takes it: then the same answer
+        assert_same(vllm.json(), usage_as_vllm(ours.json()))
+    else:
+        assert vllm.status_code == 400, vllm.text
+
+
 TEXT_FIELD_CASES = {
     "echo": {"prompt": "Once upon a time", "echo": True},
     "logprobs": {"prompt": "Once upon a time", "logprobs": 1},
@@ -450,8 +464,20 @@ def test_vllm_completion_fields(pairs: dict[str, Pair], case: str) -> None:
     body = TEXT_FIELD_CASES[case]
     vllm, ours = pairs["chat"].both(TEXT, body)
     assert_same(vllm, usage_as_vllm(ours))
-    if "logprobs" not in body:  # ALLOWED: ours restarts text_offset in each streamed chunk
-        assert_same_stream(*pairs["chat"].streams(TEXT, body), text="text")
+    theirs, mine = pairs["chat"].streams(TEXT, body)
+    assert_same_stream(theirs, mine, text="text")
+    if "logprobs" in body:  # the legacy logprobs of the stream, joined, field by field
+        assert_same(*(joined_text_logprobs(side) for side in (theirs, mine)))
+
+
+def joined_text_logprobs(chunks: list[Any]) -> dict[str, list[Any]]:
+    """A streamed completion's ``logprobs``, its chunks' lists joined."""
+    joined: dict[str, list[Any]] = {}
+    for chunk in chunks[:-1]:
+        for choice in chunk["choices"]:
+            for key, values in (choice.get("logprobs") or {}).items():
+                joined.setdefault(key, []).extend(values)
+    return joined
 
 
 def test_token_id_prompts(pairs: dict[str, Pair]) -> None:

@@ -42,6 +42,7 @@ from vllm_inline.server.extras import (
     chat_extras,
     chat_stream_extras,
     echo_text,
+    next_offset,
     text_choice_extras,
 )
 from vllm_inline.server.guard import check_caps
@@ -186,6 +187,7 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
                     text_choice_extras(next(choices), mine, body, as_text(prompt), decode)
             return JSONResponse(whole)
         n = int(kwargs.get("n") or 1)
+        offsets: dict[int, int] = {}  # each streamed choice's logprobs text offset so far
         usage = include_usage(body)
         fingerprint = None if usage else served.fingerprint
 
@@ -195,7 +197,9 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
                 delta, index=index, system_fingerprint=fingerprint, **meta
             )
             text = as_text(prompts[prompt]) if first else ""
-            text_choice_extras(chunk["choices"][0], [delta], body, text, decode, first)
+            choice, at = chunk["choices"][0], offsets.get(index, 0)
+            text_choice_extras(choice, [delta], body, text, decode, first, at)
+            offsets[index] = next_offset(choice, at)
             return [chunk]
 
         ending = partial(usage_chunk, system_fingerprint=served.fingerprint) if usage else None

@@ -26,8 +26,10 @@ __all__ = [
     "chat_extras",
     "chat_stream_extras",
     "echo_text",
+    "next_offset",
     "prompt_logprobs_json",
     "text_choice_extras",
+    "text_logprobs",
 ]
 
 LOWEST = -9999.0
@@ -147,16 +149,18 @@ def text_logprobs(
     top: int,
     tokens_as_ids: bool,
     decode: Callable[[Sequence[int]], str],
+    initial_offset: int = 0,
 ) -> dict[str, Any]:
     """Completions' ``logprobs``: per token its text, logprob and the ``top`` most likely
     (a bare token id is a token without logprobs, the prompt's first: its text decoded), and
-    each token's offset in the text."""
+    each token's offset in the text (from ``initial_offset``: a stream's chunk goes on from
+    the tokens of the chunks before it, as vLLM counts)."""
     tokens: list[str] = []
     token_logprobs: list[float | None] = []
     tops: list[dict[str, float] | None] = []
     offsets: list[int] = []
     for step in steps:
-        offsets.append(offsets[-1] + len(tokens[-1]) if offsets else 0)
+        offsets.append(offsets[-1] + len(tokens[-1]) if offsets else initial_offset)
         if isinstance(step, int):
             tokens.append(_as_id(step) if tokens_as_ids else decode([step]))
             token_logprobs.append(None)
@@ -210,9 +214,11 @@ def text_choice_extras(
     prompt: str,
     decode: Callable[[Sequence[int]], str],
     first: bool = True,
+    offset: int = 0,
 ) -> dict[str, Any]:
     """One ``text_completion`` choice (whole, or a streamed chunk's: ``first`` when it is its
-    first) with the extras ``body`` asks for; ``deltas`` are its own."""
+    first, ``offset`` where its logprobs' text starts) with the extras ``body`` asks for;
+    ``deltas`` are its own."""
     head = _first(deltas) if first else None
     echo = bool(body.get("echo")) and first
     if body.get("return_token_ids"):
@@ -226,7 +232,16 @@ def text_choice_extras(
         steps: list[TokenLogprob | int] = _prompt_steps(head) if echo else []
         steps += [lp for d in deltas for lp in d.logprobs or ()]
         tokens_as_ids = bool(body.get("return_tokens_as_token_ids"))
-        choice["logprobs"] = text_logprobs(steps, int(logprobs), tokens_as_ids, decode)
+        choice["logprobs"] = text_logprobs(steps, int(logprobs), tokens_as_ids, decode, offset)
     if echo and not body.get("return_token_ids"):
         choice["text"] = prompt + choice["text"]
     return choice
+
+
+def next_offset(choice: Mapping[str, Any], offset: int) -> int:
+    """Where the next chunk's logprobs start: after the tokens this chunk reported (not its
+    text: text held back for a stop string lags the tokens), as vLLM advances it."""
+    logprobs = choice.get("logprobs")
+    if not logprobs or not logprobs.get("tokens"):
+        return offset
+    return int(logprobs["text_offset"][-1]) + len(logprobs["tokens"][-1])
