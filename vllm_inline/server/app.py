@@ -20,6 +20,7 @@ from vllm_inline.server.guard import Guard
 from vllm_inline.server.limits import Limits
 from vllm_inline.server.models import ModelNotFoundError, ServedModel, ServedModels
 from vllm_inline.server.pooling import pooling_router
+from vllm_inline.server.tokens import tokens_router
 
 __all__ = ["OpenAIServer", "create_app"]
 
@@ -92,6 +93,7 @@ class OpenAIServer:
         app.add_exception_handler(ModelNotFoundError, not_found)
         app.include_router(chat_router(self.models, self.limits, self.reasoning_field))
         app.include_router(pooling_router(self.models, self.limits))
+        app.include_router(tokens_router(self.models, self.limits))
         models = self.models
 
         @app.get("/v1/models")
