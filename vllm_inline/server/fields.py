@@ -68,7 +68,9 @@ TABLE: Mapping[str, Field] = {
         "request", "text or token ids, or a list of either: one request each", COMPLETION
     ),
     "stream": Field("route", "server-sent events"),
-    "stream_options": Field("route", "`include_usage`: the usage chunk"),
+    "stream_options": Field(
+        "route", "`include_usage`: the usage chunk (a 400 without `stream`, as in vLLM)"
+    ),
     "request_id": Field("route", "the response's id (`chatcmpl-<request_id>`, `cmpl-...`)"),
     "user": Field("no effect", "OpenAI's end-user label; vLLM ignores it too"),
     "session_id": Field(
@@ -163,7 +165,11 @@ TABLE: Mapping[str, Field] = {
     ),
     # -- chat: tools and reasoning --
     "tools": Field("request", "function tools, for the template and the tool parser", CHAT),
-    "tool_choice": Field("request", "`auto`, `none`, `required` or a named function", CHAT),
+    "tool_choice": Field(
+        "request",
+        "`auto`, `none`, `required` or a named function (a 400 without `tools`, as in vLLM)",
+        CHAT,
+    ),
     "parallel_tool_calls": Field("route", "`false`: only the first tool call is kept", CHAT),
     "include_reasoning": Field(
         "request",

@@ -144,14 +144,32 @@ def _check_tools(tools: Any) -> None:
             )
 
 
+def _check_stream_options(body: Mapping[str, Any]) -> None:
+    """``stream_options`` only with ``stream``, as vLLM's request models check it."""
+    if body.get("stream_options") and not body.get("stream"):
+        raise BadRequestError(
+            "Stream options can only be defined when `stream=True`.",
+            parameter="stream_options",
+            value=body["stream_options"],
+        )
+
+
 def chat_kwargs(body: Mapping[str, Any], limits: Limits | None = None) -> dict[str, Any]:
     """The ``Engine.astream`` keyword arguments for a ``/v1/chat/completions`` body."""
     if "messages" not in body:
         raise InvalidBodyError("body.messages", "Field required")
     _check_tools(body.get("tools"))
     check_fields(body, "chat", limits or Limits())
+    _check_stream_options(body)
+    if body.get("tools") is None and body.get("tool_choice") not in (None, "none"):
+        # As vLLM's request model: a choice among no tools is a client's mistake, not a no-op.
+        raise BadRequestError(
+            "When using `tool_choice`, `tools` must be set.",
+            parameter="tool_choice",
+            value=body["tool_choice"],
+        )
     kwargs = _common(body, "chat")
-    if not body.get("tools"):
+    if not body.get("tools"):  # `tools: []` is no tools (vLLM 0.34 takes it so; 0.32 refuses)
         kwargs.pop("tool_choice", None)
     if body.get("logprobs"):
         kwargs["logprobs"] = body.get("top_logprobs") or 0
@@ -170,6 +188,7 @@ def completion_kwargs(body: Mapping[str, Any], limits: Limits | None = None) -> 
     """The ``Engine.astream`` keyword arguments for a ``/v1/completions`` body (without the
     prompt: each prompt of the body is a request of its own)."""
     check_fields(body, "completion", limits or Limits())
+    _check_stream_options(body)
     kwargs = _common(body, "completion")
     logprobs = body.get("logprobs")
     if logprobs is not None:
