@@ -39,6 +39,7 @@ from vllm_inline.engine.life.stops import StopPolicy, decide_stop_policy
 from vllm_inline.engine.life.templates import TemplateChoice, resolve_chat_template
 from vllm_inline.engine.loop.bridge import LoopThread
 from vllm_inline.engine.seam import (
+    ipc_directory,  # the standard library only
     vllm_processes,  # the standard library only until an engine starts
 )
 from vllm_inline.engine.seam.vllm_types import AsyncLLM, TokenizerLike
@@ -188,6 +189,7 @@ class Runtime:
         self.llm = None
         gc.collect()  # run AsyncLLM.__del__ now, while the interpreter is whole
         vllm_processes.stop_when_idle()
+        ipc_directory.release()  # the last engine of the process takes its files with it
 
 
 def _uncancel(task: asyncio.Task[Any]) -> int:
@@ -239,11 +241,13 @@ def start_runtime(
     # An explicit disable_log_stats=True turns vLLM's stats off, as in vLLM itself (our
     # default of True only silences vLLM's periodic log line; see vllm_engine.start_engine).
     stats = StatsBook(enabled=vllm_kwargs.get("disable_log_stats") is not True)
+    ipc_directory.hold()  # vLLM's IPC sockets and the engine processes' files (see there)
     try:
         llm, defaults = loop.submit(_build(model, vllm_kwargs, stats, planned, running)).result()
     except BaseException as e:
         loop.stop()
         vllm_processes.stop_when_idle()
+        ipc_directory.release()
         if isinstance(e, VLLMInlineError):
             raise
         raise ModelLoadError(

@@ -40,10 +40,8 @@ import importlib.abc
 import importlib.util
 import os
 import select
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -76,16 +74,16 @@ _RESOURCE_TRACKER = "from multiprocessing.resource_tracker import main"  # the t
 _FORK_SERVER = "from multiprocessing.forkserver import main"  # .vllm_processes's server
 _SHM_BROADCAST = "vllm.distributed.device_communicators.shm_broadcast"  # vLLM's MessageQueue
 
-_boot_lock = threading.Lock()
-_boot_dir: str | None = None
+_FILE_STORE = "vllm.utils.network_utils"  # get_file_store_init_method: torch's rendezvous file
 
 
 def engine_environment(*, cpu: bool = False) -> dict[str, str]:
     """The engine processes' environment: the boot directory on ``PYTHONPATH``, this pid, vLLM's
     quiet levels (:mod:`.vllm_quiet`), on a CPU (``cpu``) :data:`PROCESS_START_VARIABLE`."""
-    from vllm_inline.engine.seam import fork_support, vllm_quiet
+    from vllm_inline.engine.seam import boot_site, fork_support, ipc_directory, vllm_quiet
 
-    boot = _boot_directory()
+    rpc = ipc_directory.owner_directory()
+    boot = boot_site.boot_directory(rpc)
     # Engines that start at once each set this while they spawn: keep one boot entry.
     paths = [boot, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p != boot)]
     environment = {
@@ -93,6 +91,9 @@ def engine_environment(*, cpu: bool = False) -> dict[str, str]:
         "PYTHONPATH": os.pathsep.join(p for p in paths if p),
         PARENT_PID_VARIABLE: str(os.getpid()),
     }
+    # The user's own VLLM_RPC_BASE_PATH stays theirs (and so do the files vLLM leaves there).
+    if os.environ.get(ipc_directory.RPC_VARIABLE, rpc) == rpc:
+        environment[ipc_directory.RPC_VARIABLE] = rpc
     if cpu:  # the user's choice, else the default (fork_support)
         start = os.environ.get(PROCESS_START_VARIABLE) or fork_support.default_process_start()
         environment[PROCESS_START_VARIABLE] = start
@@ -111,6 +112,7 @@ def boot(quiet_module: Any) -> None:
             os.setpgid(0, 0)
     watch_parent(grace=quiet_module.shutdown_timeout())
     _after_import(_SHM_BROADCAST, release_names_when_attached)
+    _after_import(_FILE_STORE, rendezvous_in_the_owner_directory)
     exit_without_finalization()
     if _SPAWNED_FLAG in sys.argv and os.environ.get(PROCESS_START_VARIABLE) == "fork":
         fork_workers(grace=quiet_module.shutdown_timeout())
@@ -246,7 +248,8 @@ def _watch_parent_pid(grace: float) -> None:
     os.environ[PARENT_PID_VARIABLE] = str(os.getpid())  # for this process's own children
     parent = os.getppid()
     orphaned = expected.isdigit() and int(expected) != parent  # the parent died meanwhile
-    _stop_when(None if orphaned else functools.partial(_wait_for_pid, parent), grace)
+    owner = int(expected) if expected.isdigit() else parent
+    _stop_when(None if orphaned else functools.partial(_wait_for_pid, parent), grace, owner)
 
 
 def _wait_for_pid(parent: int) -> None:
@@ -260,15 +263,22 @@ def _wait_for_pid(parent: int) -> None:
         os.close(pidfd)
 
 
-def _stop_when(wait: Any, grace: float) -> None:
+def _stop_when(wait: Any, grace: float, parent: int) -> None:
     threading.Thread(
-        target=_stop_after, args=(wait, grace), name="vllm-inline-parent-watch", daemon=True
+        target=_stop_after,
+        args=(wait, grace, parent),
+        name="vllm-inline-parent-watch",
+        daemon=True,
     ).start()
 
 
-def _stop_after(wait: Any, grace: float) -> None:
+def _stop_after(wait: Any, grace: float, parent: int) -> None:
     if wait is not None:
         wait()
+    # The parent has ended. When it was the owner of the engine's files, it did not remove them
+    # (SIGTERM, SIGKILL): its engine processes do; the sockets they hold work on unnamed.
+    with contextlib.suppress(Exception):
+        _ipc_directory().remove_for_ended_owner(os.environ.get("VLLM_RPC_BASE_PATH", ""), parent)
     # vLLM's engine core and workers turn SIGTERM into their own orderly shutdown. An engine
     # core still starting finishes its start first (vLLM applies a SIGTERM received then once
     # it is built); one that is not gone after the grace vLLM's own teardown takes is killed:
@@ -286,9 +296,11 @@ def boot_forked(app_sentinel: int | None, grace: float) -> None:
     workers forked."""
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
+    app = os.environ.get(PARENT_PID_VARIABLE, "")  # the app's pid, set where it started us
     os.environ[PARENT_PID_VARIABLE] = str(os.getpid())  # for this process's own children
     if app_sentinel is not None:
-        _stop_when(functools.partial(select.select, [app_sentinel], [], []), grace)
+        wait = functools.partial(select.select, [app_sentinel], [], [])
+        _stop_when(wait, grace, int(app) if app.isdigit() else 0)
     # Replaced, not wrapped at the call: multiprocessing looks os._exit up when it calls it.
     os._exit = functools.partial(_exit_through_the_c_library, otherwise=os._exit)  # type: ignore[assignment]
     if os.environ.get(PROCESS_START_VARIABLE) == "fork":
@@ -350,50 +362,30 @@ def _after_import(name: str, then: Any) -> None:
         sys.meta_path.insert(0, _AfterImport(name, then))
 
 
-_SITECUSTOMIZE = '''\
-"""Written by vllm-inline for vLLM's engine processes (see {boot}): apply vLLM's log level
-before vLLM is imported and end with the parent process, then run the interpreter's own
-sitecustomize, if any."""
-import importlib.util
-import sys
+def rendezvous_in_the_owner_directory(network_utils: Any) -> None:
+    """Put the file of torch's ``FileStore`` rendezvous, which vLLM makes in the temporary
+    directory (``get_file_store_init_method``) and leaves there when a rank is killed, in the
+    owner directory of the engine's IPC sockets (:mod:`.ipc_directory`), when it has one."""
+    made = network_utils.get_file_store_init_method
+
+    @functools.wraps(made)
+    def get_file_store_init_method() -> str:
+        directory = os.environ.get("VLLM_RPC_BASE_PATH", "")
+        if not os.path.basename(directory).startswith("vllm-inline-ipc-"):
+            return str(made())
+        return "file://" + os.path.join(directory, os.path.basename(made()))
+
+    network_utils.get_file_store_init_method = get_file_store_init_method
 
 
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def _ipc_directory() -> Any:
+    """:mod:`.ipc_directory`, loaded by path in an engine process (see :func:`boot`)."""
+    module = sys.modules.get(f"{__package__}.ipc_directory") or sys.modules.get("_vllm_inline_ipc")
+    if module is None:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ipc_directory.py")
+        spec = importlib.util.spec_from_file_location("_vllm_inline_ipc", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["_vllm_inline_ipc"] = module
+        spec.loader.exec_module(module)
     return module
-
-
-_load("_vllm_inline_boot", {boot!r}).boot(_load("_vllm_inline_quiet", {quiet!r}))
-
-sys.path[:] = [p for p in sys.path if p != {directory!r}]
-_self = sys.modules.pop("sitecustomize")
-try:
-    import sitecustomize  # noqa: F401
-except ImportError as e:
-    if e.name != "sitecustomize":
-        raise
-    sys.modules["sitecustomize"] = _self
-'''
-
-
-def _boot_directory() -> str:
-    """A directory holding the ``sitecustomize`` for the engine's processes (once a process),
-    on their ``PYTHONPATH`` only: spawn gives a child its parent's ``sys.path`` once started,
-    and the file takes itself off ``sys.path`` before the interpreter's own ``sitecustomize``."""
-    global _boot_dir
-    with _boot_lock:
-        if _boot_dir is None:
-            here = os.path.dirname(os.path.abspath(__file__))
-            directory = tempfile.mkdtemp(prefix="vllm-inline-boot-")
-            source = _SITECUSTOMIZE.format(
-                boot=os.path.join(here, "vllm_boot.py"),
-                quiet=os.path.join(here, "vllm_quiet.py"),
-                directory=directory,
-            )
-            with open(os.path.join(directory, "sitecustomize.py"), "w", encoding="utf-8") as f:
-                f.write(source)
-            atexit.register(shutil.rmtree, directory, True)
-            _boot_dir = directory
-        return _boot_dir
