@@ -99,6 +99,8 @@ class Runtime:
     into this ``AsyncLLM``."""
     closing: bool = False
     """True once :meth:`shutdown` began: cancelled work ends with :class:`EngineShutdownError`."""
+    group_cores: Any = None
+    """The engine cores this worker started for its group (:mod:`.group`), stopped with it."""
 
     def running_llm(self) -> AsyncLLM:
         """The ``AsyncLLM``, for work under :meth:`guard` (which refuses a dead engine)."""
@@ -188,6 +190,9 @@ class Runtime:
         self.loop.stop()
         self.llm = None
         gc.collect()  # run AsyncLLM.__del__ now, while the interpreter is whole
+        if self.group_cores is not None:  # once the group's other workers are gone
+            group.stop_owned(self.group_cores)
+            self.group_cores = None
         vllm_processes.stop_when_idle()
         ipc_directory.release()  # the last engine of the process takes its files with it
 
@@ -243,7 +248,8 @@ def start_runtime(
     stats = StatsBook(enabled=vllm_kwargs.get("disable_log_stats") is not True)
     ipc_directory.hold()  # vLLM's IPC sockets and the engine processes' files (see there)
     try:
-        llm, defaults = loop.submit(_build(model, vllm_kwargs, stats, planned, running)).result()
+        built = loop.submit(_build(model, vllm_kwargs, stats, planned, running)).result()
+        llm, defaults, cores = built
     except BaseException as e:
         loop.stop()
         vllm_processes.stop_when_idle()
@@ -275,6 +281,7 @@ def start_runtime(
         stats=stats,
         platform_defaults=defaults,
         media=MediaPolicy(**vllm_engine.media_limits(llm)),
+        group_cores=cores,
     )
     logger.info(
         "vllm-inline engine started: model=%s template=%s stop_ids=%s (%s) chosen: %s",
@@ -313,13 +320,13 @@ async def _build(
     stats: StatsBook,
     planned: Sequence[Choice],
     running: Sequence[tuple[str, Mapping[str, Any]]],
-) -> tuple[Any, PlatformDefaults]:
+) -> tuple[Any, PlatformDefaults, Any]:
     # Built on the loop thread, so vLLM's output handler binds to this loop. vLLM is first
     # imported here too: some of its modules keep import-time tracebacks, which would keep
     # the caller's frames (and through them the engine) alive until interpreter exit.
     from vllm_inline.engine.seam import vllm_boot, vllm_quiet
 
-    if not group.joined():  # a group's engine cores come from its owner's fork server
+    if not group.joined():  # a group's engine cores are spawned (.group)
         vllm_processes.warm_up()  # on a CPU, engine cores' fork server imports while we do
     vllm_quiet.install_filters()  # before vLLM's import, which logs
     from vllm_inline.engine.seam import vllm_engine
@@ -332,18 +339,22 @@ async def _build(
         cpu = defaults.facts is not None and defaults.facts.is_cpu
         return defaults, {**vllm_boot.engine_environment(cpu=cpu), **defaults.environment}
 
-    client = None
+    client, cores = None, None
     if group.joined():  # attach to the group's engine cores for this model and options
-        defaults, client = group.attach(model, vllm_kwargs, decide)
+        defaults, client, cores = group.attach(model, vllm_kwargs, decide)
         environment: dict[str, str] = {}
     else:
         defaults, environment = decide()
     # Returned, never held in a local: a traceback vLLM keeps from its imports keeps this frame,
     # and a local of it would keep the engine alive until interpreter exit.
     registry = prometheus_registry()
-    return vllm_engine.start_engine(
-        model, defaults.kwargs, stats, registry, environment, client
-    ), defaults
+    try:
+        llm = vllm_engine.start_engine(model, defaults.kwargs, stats, registry, environment, client)
+    except BaseException:
+        if cores is not None:  # started for the group, by this worker: no one else stops them
+            cores.shutdown()
+        raise
+    return llm, defaults, cores
 
 
 def _decide_engine_kwargs(

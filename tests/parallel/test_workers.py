@@ -89,6 +89,14 @@ def launched(tmp_path: Path, *arguments: str, healthy: bool = True) -> Iterator[
             remove_metrics_files(child.pid)
 
 
+def _native_libraries(pid: int, needles: tuple[str, ...]) -> list[str]:
+    """The files mapped in process ``pid`` whose path holds one of ``needles`` (torch's and
+    vLLM's native libraries are mapped once they are imported)."""
+    with open(f"/proc/{pid}/maps") as maps:
+        paths = {line.split(maxsplit=5)[-1].strip() for line in maps if "/" in line}
+    return sorted(p for p in paths if any(n in p for n in needles))
+
+
 def remove_metrics_files(launcher: int) -> None:
     """The workers' metric files, which a launcher killed by SIGKILL leaves for the next one to
     sweep (vllm_inline.workers): this test's own, removed by the launcher's pid."""
@@ -138,6 +146,9 @@ def test_two_workers_answer_from_one_engine_core_per_model(
         cores = [p for p in run.look() if p.name().startswith("VLLM::EngineCore")]
         assert len(workers) == 2, describe(run.look())
         assert len(cores) == 2, describe(run.look())  # one per model, not one per worker
+        # The launcher holds neither torch nor vLLM, and no fork server runs in the group.
+        assert _native_libraries(run.child.pid, ("libtorch", "/vllm/")) == []
+        assert run.named("forkserver") == [], describe(run.look())
         body = {"model": chat.path, "messages": HELLO}
         for answer in _from_both(run, "/v1/chat/completions", body).values():
             assert answer["choices"][0]["message"]["content"] == chat.scenario.answer
