@@ -189,6 +189,51 @@ def test_two_workers_answer_from_one_engine_core_per_model(
         assert not left and not shm_left, (describe(left), shm_left)
 
 
+def test_sigterm_lets_a_stream_on_another_worker_finish_before_the_cores_stop(
+    scripted_root: Path, tmp_path: Path
+) -> None:
+    """The worker that started the engine cores owns them (vllm_inline.engine.life.group): on
+    SIGTERM its own stop waits until the other worker has drained, so a stream running there
+    ends as it would (finish_reason "length"), and then everything stops."""
+    chat = scripted_model("llama3", scripted_root)
+    before = shm_entries()
+    with launched(tmp_path, "--workers", "2", "--model", chat.path) as run:
+        (core,) = [p for p in run.look() if p.name().startswith("VLLM::EngineCore")]
+        owner = psutil.Process(core.ppid()).environ()["VLLMINLINE_WORKER"]
+        long = {
+            "model": chat.path,
+            "messages": HELLO,
+            "stream": True,
+            "max_tokens": 300,
+            "ignore_eos": True,
+        }
+        for _ in range(40):
+            with httpx.stream(
+                "POST", f"{run.url}/v1/chat/completions", json=long, timeout=120
+            ) as response:
+                if response.headers[WORKER_HEADER] == owner:
+                    continue  # landed on the owner: another connection
+                lines = response.iter_lines()
+                for number, _ in enumerate(lines):
+                    if number > 4:
+                        break
+                run.child.send_signal(signal.SIGTERM)
+                rest = [line for line in lines if line]
+                break
+        else:
+            raise AssertionError("no stream landed on the worker that does not own the cores")
+        finishes = [
+            choice.get("finish_reason")
+            for line in rest
+            if line.startswith("data: {")
+            for choice in json.loads(line[6:])["choices"]
+        ]
+        assert rest[-1] == "data: [DONE]" and "length" in finishes, rest[-3:]
+        assert run.child.wait(timeout=90) == 0, run.text()
+        left, shm_left, _ = wait_gone(list(run.tree.values()), shm_entries() - before, 30)
+        assert not left and not shm_left, (describe(left), shm_left)
+
+
 def test_sigkill_in_the_middle_of_a_start_leaves_nothing(
     scripted_root: Path, tmp_path: Path
 ) -> None:
