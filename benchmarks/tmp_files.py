@@ -79,7 +79,14 @@ CASES: dict[str, tuple[str, ...]] = {
     "ours": ("shutdown", "exit", "sigterm", "sigkill"),
     "ours-serve": ("sigterm", "sigkill"),
     "ours-workers": ("sigterm", "sigkill"),
+    "ours-dp": ("shutdown", "sigterm", "sigkill"),
+    "ours-tp": ("shutdown", "sigterm", "sigkill"),
 }
+LAYOUTS = {
+    "ours-dp": ({"data_parallel_size": 2}, {}),
+    "ours-tp": ({"tensor_parallel_size": 2}, {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}),
+}
+"""The parallel layouts' engine options and environment (tests/parallel/layouts.py)."""
 
 
 def entries(directory: str, marker: str | None = None) -> list[str]:
@@ -119,10 +126,13 @@ def run_case(
     time.sleep(1.1)  # -newer compares whole seconds on some file systems
     env = {**USER_ENV, "TMPDIR": own_tmp, "PYTHONUNBUFFERED": "1"}
     kwargs = dict(CPU_TEST_ENGINE_KWARGS)
+    if case in LAYOUTS:
+        kwargs.update(LAYOUTS[case][0])
+        env.update(LAYOUTS[case][1])
     port = free_port()
     if case == "raw":
         command = [python, "-c", RAW.format(kwargs=kwargs), model, stop]
-    elif case == "ours":
+    elif case in ("ours", *LAYOUTS):
         command = [python, "-c", OURS.format(kwargs=kwargs), model, stop]
     elif case == "vllm-serve":
         command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
@@ -132,7 +142,7 @@ def run_case(
         command = [python, "-m", "vllm_inline", "serve", "--model", model, "--port",
                    str(port), "--vllm-kwargs", json.dumps(kwargs), *workers]  # fmt: skip
     log = logs / f"{case}-{stop}.log"
-    piped = case in ("raw", "ours")
+    piped = case in ("raw", "ours", *LAYOUTS)
     with log.open("wb") as out:
         proc = subprocess.Popen(
             command, env=env, stdout=subprocess.PIPE if piped else out, stderr=out, cwd=HERE
@@ -179,7 +189,7 @@ def run_case(
 
 def _wait_ready(case: str, proc: subprocess.Popen[bytes], port: int, workers: int) -> None:
     deadline = time.monotonic() + 400
-    if case in ("raw", "ours"):
+    if case in ("raw", "ours", *LAYOUTS):
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.strip() == b"READY":
