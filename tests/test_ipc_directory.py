@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_inline.engine.seam import boot_site, ipc_directory, vllm_boot
+from vllm_inline.engine.seam import boot_site, ipc_directory, vllm_boot, vllm_names
 
 
 @pytest.fixture
@@ -94,7 +94,7 @@ def test_the_rendezvous_file_goes_to_the_owner_directory(monkeypatch: pytest.Mon
         def get_file_store_init_method() -> str:
             return "file:///tmp/vllm_dist_0123"
 
-    vllm_boot.rendezvous_in_the_owner_directory(NetworkUtils)
+    vllm_names.rendezvous_in_the_owner_directory(NetworkUtils)
     monkeypatch.setenv("VLLM_RPC_BASE_PATH", "/tmp/vllm-inline-ipc-12-34")
     assert NetworkUtils.get_file_store_init_method() == (
         "file:///tmp/vllm-inline-ipc-12-34/vllm_dist_0123"

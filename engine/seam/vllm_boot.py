@@ -24,9 +24,10 @@ each worker answers, through ring buffers in ``/dev/shm`` that the writer create
 own shutdown unlinks. When the writer is killed outright (Ray's cleanup of a killed replica's
 children, the OOM killer choosing the engine core, the biggest process) nothing unlinks them, and
 each stays in ``/dev/shm``, holding its memory, until the machine restarts.
-:func:`release_names_when_attached` unlinks a queue's names as soon as every reader has attached
-(``wait_until_ready``), the way Ray's object store does its own: the mappings work on, and the
-kernel frees the memory when the last process holding it ends, however it ends. **Forked, not
+:func:`.vllm_names.release_names_when_attached` unlinks a queue's names as soon as every reader
+has attached (``wait_until_ready``), the way Ray's object store does its own: the mappings work
+on, and the kernel frees the memory when the last process holding it ends, however it ends; so
+do the tensor-parallel ranks' segments of vLLM's CPU communicator (:mod:`.vllm_names`). **Forked, not
 spawned, on a CPU:** workers (:func:`fork_workers`), engine cores (:func:`boot_forked`).
 """
 
@@ -56,7 +57,6 @@ __all__ = [
     "engine_environment",
     "exit_without_finalization",
     "fork_workers",
-    "release_names_when_attached",
     "watch_parent",
 ]
 
@@ -73,6 +73,7 @@ _SPAWNED_FLAG = "--multiprocessing-fork"  # multiprocessing's spawn puts it on a
 _RESOURCE_TRACKER = "from multiprocessing.resource_tracker import main"  # the tracker's -c code
 _FORK_SERVER = "from multiprocessing.forkserver import main"  # .vllm_processes's server
 _SHM_BROADCAST = "vllm.distributed.device_communicators.shm_broadcast"  # vLLM's MessageQueue
+_CPU_COMMUNICATOR = "vllm.distributed.device_communicators.cpu_communicator"  # TP/PP on a CPU
 
 _FILE_STORE = "vllm.utils.network_utils"  # get_file_store_init_method: torch's rendezvous file
 
@@ -111,8 +112,10 @@ def boot(quiet_module: Any) -> None:
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)
     watch_parent(grace=quiet_module.shutdown_timeout())
-    _after_import(_SHM_BROADCAST, release_names_when_attached)
-    _after_import(_FILE_STORE, rendezvous_in_the_owner_directory)
+    names = _sibling("vllm_names")  # vLLM's names in /dev/shm and /tmp: gone with the engine
+    _after_import(_SHM_BROADCAST, names.release_names_when_attached)
+    _after_import(_CPU_COMMUNICATOR, names.release_cpu_shm_names_when_joined)
+    _after_import(_FILE_STORE, names.rendezvous_in_the_owner_directory)
     exit_without_finalization()
     if _SPAWNED_FLAG in sys.argv and os.environ.get(PROCESS_START_VARIABLE) == "fork":
         fork_workers(grace=quiet_module.shutdown_timeout())
@@ -278,7 +281,9 @@ def _stop_after(wait: Any, grace: float, parent: int) -> None:
     # The parent has ended. When it was the owner of the engine's files, it did not remove them
     # (SIGTERM, SIGKILL): its engine processes do; the sockets they hold work on unnamed.
     with contextlib.suppress(Exception):
-        _ipc_directory().remove_for_ended_owner(os.environ.get("VLLM_RPC_BASE_PATH", ""), parent)
+        _sibling("ipc_directory").remove_for_ended_owner(
+            os.environ.get("VLLM_RPC_BASE_PATH", ""), parent
+        )
     # vLLM's engine core and workers turn SIGTERM into their own orderly shutdown. An engine
     # core still starting finishes its start first (vLLM applies a SIGTERM received then once
     # it is built); one that is not gone after the grace vLLM's own teardown takes is killed:
@@ -305,30 +310,6 @@ def boot_forked(app_sentinel: int | None, grace: float) -> None:
     os._exit = functools.partial(_exit_through_the_c_library, otherwise=os._exit)  # type: ignore[assignment]
     if os.environ.get(PROCESS_START_VARIABLE) == "fork":
         fork_workers(grace)
-
-
-def release_names_when_attached(shm_broadcast: Any) -> None:
-    """Make every ``MessageQueue`` of vLLM's ``shm_broadcast`` module unlink the ``/dev/shm``
-    names it created once all its readers have attached (see the module docstring).
-
-    A reader attaches in ``MessageQueue.create_from_handle`` before it subscribes, and the
-    writer's ``wait_until_ready`` returns once every local reader has subscribed, so no one
-    opens the name after that. ``unlink`` also takes the name off multiprocessing's resource
-    tracker; the buffer then counts as not its creator's, so vLLM does not unlink it again.
-    """
-    queue = shm_broadcast.MessageQueue
-    wait = queue.wait_until_ready
-
-    @functools.wraps(wait)
-    def wait_until_ready(self: Any) -> None:
-        wait(self)
-        # The ring buffer; its tensor arena too, where vLLM has one (0.32+, off by default).
-        for holder in (getattr(self, "buffer", None), getattr(self, "tensor_arena", None)):
-            if holder is not None and getattr(holder, "is_creator", False):
-                holder.shared_memory.unlink()
-                holder.is_creator = False
-
-    queue.wait_until_ready = wait_until_ready
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -362,30 +343,15 @@ def _after_import(name: str, then: Any) -> None:
         sys.meta_path.insert(0, _AfterImport(name, then))
 
 
-def rendezvous_in_the_owner_directory(network_utils: Any) -> None:
-    """Put the file of torch's ``FileStore`` rendezvous, which vLLM makes in the temporary
-    directory (``get_file_store_init_method``) and leaves there when a rank is killed, in the
-    owner directory of the engine's IPC sockets (:mod:`.ipc_directory`), when it has one."""
-    made = network_utils.get_file_store_init_method
-
-    @functools.wraps(made)
-    def get_file_store_init_method() -> str:
-        directory = os.environ.get("VLLM_RPC_BASE_PATH", "")
-        if not os.path.basename(directory).startswith("vllm-inline-ipc-"):
-            return str(made())
-        return "file://" + os.path.join(directory, os.path.basename(made()))
-
-    network_utils.get_file_store_init_method = get_file_store_init_method
-
-
-def _ipc_directory() -> Any:
-    """:mod:`.ipc_directory`, loaded by path in an engine process (see :func:`boot`)."""
-    module = sys.modules.get(f"{__package__}.ipc_directory") or sys.modules.get("_vllm_inline_ipc")
+def _sibling(name: str) -> Any:
+    """The module ``name`` of this folder (standard library only), imported where the package
+    is (the app), else loaded by path (an engine process: see :func:`boot`)."""
+    module = sys.modules.get(f"{__package__}.{name}") or sys.modules.get(f"_vllm_inline_{name}")
     if module is None:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ipc_directory.py")
-        spec = importlib.util.spec_from_file_location("_vllm_inline_ipc", path)
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+        spec = importlib.util.spec_from_file_location(f"_vllm_inline_{name}", path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
-        sys.modules["_vllm_inline_ipc"] = module
+        sys.modules[f"_vllm_inline_{name}"] = module
         spec.loader.exec_module(module)
     return module
