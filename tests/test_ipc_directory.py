@@ -207,3 +207,48 @@ def test_a_temporary_directory_too_long_for_socket_paths_falls_back(
     monkeypatch.setattr(ipc_directory, "_path", None)
     assert ipc_directory.owner_directory().startswith("@vllm-inline-ipc-")
     assert list(deep.iterdir()) == []
+
+
+def test_unheld_cpu_communicator_segments_are_swept_held_and_young_ones_stay(
+    tmp_path: Path,
+) -> None:
+    """What tensor-parallel ranks killed outright left (vllm_names.sweep_unheld_cpu_shm), in a
+    directory standing for /dev/shm: old and mapped by no process goes; mapped, young, another
+    user's, or not the communicator's stays."""
+
+    def segment(name: str, age: float = 3600.0) -> Path:
+        path = tmp_path / name
+        path.write_bytes(b"\0" * 4096)
+        os.utime(path, (time.time() - age, time.time() - age))
+        return path
+
+    left = segment("vllm_dist_0a-tp:0-[0-1]-cpushm_0")
+    held = segment("vllm_dist_0a-tp:0-[0-1]-cpushm_1")
+    young = segment("vllm_dist_0b-tp:0-[0-1]-cpushm_0", age=1.0)
+    other = segment("psm_0123")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import mmap, sys, time\n"
+                f"f = open({str(held)!r}, 'r+b'); m = mmap.mmap(f.fileno(), 4096); f.close()\n"
+                "print('mapped', flush=True); time.sleep(60)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "mapped"
+        theirs = None
+        if os.getuid() == 0:
+            theirs = segment("vllm_dist_0c-tp:0-[0-1]-cpushm_0")
+            os.chown(theirs, 65534, 65534)
+        removed = vllm_names.sweep_unheld_cpu_shm(str(tmp_path))
+        assert removed == [left.name]
+        assert held.exists() and young.exists() and other.exists()
+        assert theirs is None or theirs.exists()
+    finally:
+        holder.kill()
+        holder.wait()

@@ -167,6 +167,9 @@ def owner_directory() -> str:
         if _path is not None and _mine(_path) and (_path[0] == "@" or os.path.isdir(_path)):
             return _path
         sweep()
+        from vllm_inline.engine.seam import vllm_names  # the standard library only
+
+        vllm_names.sweep_unheld_cpu_shm()
         name = f"{PREFIX}{os.getpid()}-{process_start(os.getpid()) or 0}"
         path = os.path.join(tempfile.gettempdir(), name)
         try:

@@ -13,7 +13,8 @@ module is imported).
   leaves its name, and when both ranks are killed both names stay (docs/deployment.md,
   "Shared memory of tensor-parallel ranks"). Here each rank unlinks the group's names once
   every rank has joined (mapped every segment): the mappings work on and the kernel frees
-  the memory with the last process holding it.
+  the memory with the last process holding it. What was left before (or by raw vLLM) goes
+  at the next engine start of the host, once no process maps it (:func:`sweep_unheld_cpu_shm`).
 - :func:`rendezvous_in_the_owner_directory`: torch's ``FileStore`` file (:mod:`.ipc_directory`).
 
 Standard library only, vLLM named in strings: :mod:`.vllm_boot` loads this file by path in
@@ -28,9 +29,11 @@ import os
 from typing import Any
 
 __all__ = [
+    "CPU_SHM_MARK",
     "release_cpu_shm_names_when_joined",
     "release_names_when_attached",
     "rendezvous_in_the_owner_directory",
+    "sweep_unheld_cpu_shm",
 ]
 
 
@@ -96,3 +99,68 @@ def rendezvous_in_the_owner_directory(network_utils: Any) -> None:
         return "file://" + os.path.join(directory, os.path.basename(made()))
 
     network_utils.get_file_store_init_method = get_file_store_init_method
+
+
+CPU_SHM_MARK = "-cpushm_"
+"""In the ``/dev/shm`` names of vLLM's CPU communicator: ``<group>-cpushm_<rank>``."""
+
+
+def sweep_unheld_cpu_shm(root: str = "/dev/shm", settle: float = 60.0) -> list[str]:
+    """Remove the CPU communicator segments in ``root`` that no process maps: what ranks
+    killed before :func:`release_cpu_shm_names_when_joined` (or raw vLLM's, the names of
+    which outlive their ranks) left. Only this user's, older than ``settle`` s (a rank maps its
+    segment right after creating it), mapped by none of this user's processes
+    (``/proc/<pid>/maps``). Returns the names removed; never raises."""
+    import time
+
+    removed: list[str] = []
+    try:
+        names = [n for n in os.listdir(root) if CPU_SHM_MARK in n]
+    except OSError:
+        return removed
+    now, uid, candidates = time.time(), os.getuid(), {}
+    for name in names:
+        with contextlib.suppress(OSError):
+            info = os.stat(os.path.join(root, name))
+            if info.st_uid == uid and now - info.st_mtime > settle:
+                candidates[info.st_ino] = name
+    if not candidates:
+        return removed
+    held = _mapped_inodes(root, uid)
+    if held is None:
+        return removed
+    for inode, name in candidates.items():
+        if inode not in held:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(root, name))
+                removed.append(name)
+    return removed
+
+
+def _mapped_inodes(root: str, uid: int) -> set[int] | None:
+    """Inodes under ``root`` that this user's processes map or hold open; None when ``/proc``
+    cannot be read. A process the kernel does not let this one read (a container's init, a
+    process of another namespace) is passed over: an engine's ranks are the user's own
+    processes, readable by it."""
+    held: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
+            with open(f"/proc/{entry}/maps", encoding="utf-8", errors="replace") as maps:
+                for line in maps:
+                    fields = line.split(maxsplit=5)
+                    if len(fields) == 6 and fields[5].startswith(root + "/"):
+                        held.add(int(fields[4]))
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                path = f"/proc/{entry}/fd/{fd}"
+                with contextlib.suppress(OSError):
+                    if os.readlink(path).startswith(root + "/"):
+                        held.add(os.stat(path).st_ino)
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue  # ended meanwhile, or not readable (above)
+        except OSError:
+            return None
+    return held
