@@ -57,8 +57,11 @@ def test_the_owner_is_told_by_pid_and_start_time() -> None:
 def test_one_directory_per_process_private_and_removed_with_the_last_engine(
     tmp_root: Path,
 ) -> None:
-    first = ipc_directory.hold()
-    assert ipc_directory.hold() == first  # a second engine of the process: the same
+    ipc_directory.hold()
+    assert list(tmp_root.iterdir()) == []  # made when the engine starts processes, not before
+    first = ipc_directory.owner_directory()
+    ipc_directory.hold()
+    assert ipc_directory.owner_directory() == first  # a second engine of the process: the same
     name = os.path.basename(first)
     assert name == f"vllm-inline-ipc-{os.getpid()}-{ipc_directory.process_start(os.getpid())}"
     assert Path(first).parent == tmp_root
@@ -67,7 +70,8 @@ def test_one_directory_per_process_private_and_removed_with_the_last_engine(
     assert os.path.isdir(first)  # one engine still runs
     ipc_directory.release()
     assert not os.path.exists(first)
-    assert ipc_directory.hold() == first  # made again by the next start
+    ipc_directory.hold()
+    assert ipc_directory.owner_directory() == first  # made again by the next start
     ipc_directory.release()
     assert not os.path.exists(first)
 
@@ -151,8 +155,9 @@ def test_a_read_only_or_full_tmp_falls_back_to_abstract_names(
         raise OSError(code, os.strerror(code))
 
     monkeypatch.setattr(ipc_directory.os, "mkdir", refuse)
+    ipc_directory.hold()
     with caplog.at_level(logging.WARNING, logger="vllm_inline"):
-        path = ipc_directory.hold()
+        path = ipc_directory.owner_directory()
     assert path == f"@vllm-inline-ipc-{os.getpid()}-{ipc_directory.process_start(os.getpid())}"
     assert "abstract socket namespace" in caplog.text
     assert list(tmp_root.iterdir()) == []
@@ -186,7 +191,8 @@ def test_a_name_of_ours_that_is_another_users_is_not_taken(
 
 
 def test_a_forked_child_does_not_remove_its_parents_directory(tmp_root: Path) -> None:
-    path = ipc_directory.hold()
+    ipc_directory.hold()
+    path = ipc_directory.owner_directory()
     pid = os.fork()
     if pid == 0:  # the child: its exit hook and a release leave the parent's directory
         ipc_directory.release()

@@ -197,13 +197,13 @@ def _abstract(name: str, reason: str) -> str:
     return "@" + name
 
 
-def hold() -> str:
-    """An engine of this process starts: its :func:`owner_directory`."""
+def hold() -> None:
+    """An engine of this process starts: the directory stays until :func:`release` (it is made
+    by the first :func:`owner_directory`, when the engine starts processes of its own: a front
+    end on another process's engine cores makes none)."""
     global _engines
-    path = owner_directory()
     with _lock:
         _engines += 1
-    return path
 
 
 def release() -> None:
