@@ -138,25 +138,14 @@ def run(
 
 
 def _metrics_directory() -> str:
-    """A new directory for the workers' metric files, named after this launcher; those of
-    launchers that were killed (none of them runs) are removed first."""
-    prefix = "vllm-inline-metrics-"
-    root = tempfile.gettempdir()
-    for name in os.listdir(root):
-        owner = name[len(prefix) :].split("-", 1)[0]
-        if name.startswith(prefix) and owner.isdigit() and not _running(int(owner)):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+    """A new directory for the workers' metric files, named after this launcher (pid and start
+    time); those of launchers that were killed, and the engines' files of dead owners, are
+    removed first (:func:`~vllm_inline.engine.seam.ipc_directory.sweep`)."""
+    from vllm_inline.engine.seam import ipc_directory  # the standard library only
 
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    ipc_directory.sweep()
+    start = ipc_directory.process_start(os.getpid()) or 0
+    return tempfile.mkdtemp(prefix=f"{ipc_directory.METRICS_PREFIX}{os.getpid()}-{start}-")
 
 
 class _Worker:

@@ -127,6 +127,8 @@ def attach(
                 cores = vllm_group.launch_shared(model, defaults.kwargs, environment, reply[1])
             except BaseException as e:
                 connection.send(("failed", f"{type(e).__name__}: {e}"))
+                with contextlib.suppress(EOFError, OSError):
+                    connection.recv()  # the owner has recorded it: the next caller starts again
                 raise
             connection.send(("started", defaults, cores.clients(), cores.pids()))
             reply = connection.recv()

@@ -36,6 +36,7 @@ import tempfile
 import threading
 
 __all__ = [
+    "METRICS_PREFIX",
     "PREFIX",
     "RPC_VARIABLE",
     "hold",
@@ -93,14 +94,26 @@ def owner_alive(pid: int, start: int) -> bool:
     return start == 0 or now is None or now == start
 
 
+METRICS_PREFIX = "vllm-inline-metrics-"
+"""A ``--workers`` launcher's directory of the workers' metric files (:mod:`vllm_inline.workers`):
+``vllm-inline-metrics-<pid>-<start>-<random>``; swept alike."""
+
+
 def _owner(name: str) -> tuple[int, int] | None:
-    """``(pid, start)`` from a directory name of :data:`PREFIX`, else None."""
-    if not name.startswith(PREFIX):
-        return None
-    pid, _, start = name[len(PREFIX) :].partition("-")
-    if not (pid.isdigit() and start.isdigit()):
-        return None
-    return int(pid), int(start)
+    """``(pid, start)`` from a directory name of :data:`PREFIX` or :data:`METRICS_PREFIX`
+    (start 0 where the name has none), else None."""
+    if name.startswith(PREFIX):
+        pid, _, start = name[len(PREFIX) :].partition("-")
+        if not (pid.isdigit() and start.isdigit()):
+            return None
+        return int(pid), int(start)
+    if name.startswith(METRICS_PREFIX):
+        parts = name[len(METRICS_PREFIX) :].split("-")
+        if not parts[0].isdigit():
+            return None
+        start = parts[1] if len(parts) > 2 and parts[1].isdigit() else "0"
+        return int(parts[0]), int(start)
+    return None
 
 
 def is_dead_owners(path: str) -> bool:
@@ -141,8 +154,8 @@ def remove_for_ended_owner(path: str, pid: int) -> bool:
 
 
 def sweep(root: str | None = None) -> list[str]:
-    """Remove the owner directories in ``root`` (the temporary directory) whose owner is dead:
-    what engines killed outright left (SIGKILL of their owner and its engine cores, the OOM
+    """Remove the owner directories (and ``--workers`` launchers' metric directories) in
+    ``root`` (the temporary directory) whose owner is dead: what engines killed outright left (SIGKILL of their owner and its engine cores, the OOM
     killer, a machine's power cut). Returns the paths removed; never raises."""
     root = root or tempfile.gettempdir()
     removed: list[str] = []
