@@ -238,3 +238,12 @@ def remove_from_tmp(names: Iterable[str], root: str | None = None) -> None:
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+
+
+def owner_directories(pids: Iterable[int], root: str | None = None) -> list[str]:
+    """The engines' owner directories (``vllm-inline-ipc-<pid>-<start>``) in the temporary
+    directory named after one of ``pids``."""
+    from vllm_inline.engine.seam import ipc_directory
+
+    wanted = {f"{ipc_directory.PREFIX}{pid}-" for pid in pids}
+    return sorted(n for n in tmp_entries(root) if any(n.startswith(w) for w in wanted))

@@ -25,7 +25,16 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from processes import alive, clean_up, describe, free_port, process_tree, shm_entries, wait_gone
+from processes import (
+    alive,
+    clean_up,
+    describe,
+    free_port,
+    owner_directories,
+    process_tree,
+    shm_entries,
+    wait_gone,
+)
 
 from vllm_inline.testing import CPU_TEST_ENGINE_KWARGS, build_embedding_model, scripted_model
 from vllm_inline.workers import WORKER_HEADER
@@ -187,6 +196,7 @@ def test_two_workers_answer_from_one_engine_core_per_model(
         assert run.child.wait(timeout=90) == 0, run.text()
         left, shm_left, _ = wait_gone(list(run.tree.values()), shm_entries() - before, 30)
         assert not left and not shm_left, (describe(left), shm_left)
+        assert owner_directories(run.tree) == []
 
 
 def test_sigterm_lets_a_stream_on_another_worker_finish_before_the_cores_stop(
@@ -404,6 +414,8 @@ def example(tmp_path: Path, script: str, *arguments: str, end: str) -> Iterator[
                 assert "exited with status -9: stopping the group" in run.text()
             left, shm_left, _ = wait_gone(list(run.tree.values()), entries, bound)
             assert not left and not shm_left, (end, describe(left), shm_left, run.text())
+            # No engine files in /tmp either: the workers' owner directories went with them.
+            assert owner_directories(run.tree) == [], end
         finally:
             run.look()
             clean_up(run.tree.values(), shm_entries() - before)
