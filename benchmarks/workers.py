@@ -127,9 +127,13 @@ def _serve(
     # runs one API server whatever --api-server-count says (runs before 2026-12-05 did so).
     cmd = [sys.executable, str(HERE / "vllm_serve.py"), model, "--host", "127.0.0.1", "--port",
            str(port), *cli_flags(kwargs), *extra]  # fmt: skip
+    # vLLM leaves its IPC socket files behind (docs/deployment.md): in the run's own directory.
+    sockets = log.parent / "vllm-serve-sockets"
+    sockets.mkdir(exist_ok=True)
     with log.open("wb") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, process_group=0,
-                                env={**env, "VLLM_LOGGING_LEVEL": "WARNING"})  # fmt: skip
+                                env={**env, "VLLM_LOGGING_LEVEL": "WARNING",
+                                     "VLLM_RPC_BASE_PATH": str(sockets)})  # fmt: skip
 
 
 def wait_ready(url: str, workers: int, started: float, timeout: float = 400) -> float:
