@@ -2,9 +2,10 @@
 
 A web app runs several worker processes; each would start its own engine for every model it
 declares, N copies of the weights and of the KV cache. In a group, the engine cores of a model
-run once, started by one of the workers for all (below), and each worker's :class:`~vllm_inline.engine.Engine` is a front end of its own on them, as each API
-server of ``vllm serve --api-server-count N`` is (:mod:`..seam.vllm_group`): its tokenizer,
-template, parsers and output processing in the worker, no hop added.
+run once, started by one of the workers for all (below), and each worker's
+:class:`~vllm_inline.engine.Engine` is a front end of its own on them, as each API server of
+``vllm serve --api-server-count N`` is (:mod:`..seam.vllm_group`): its tokenizer, template,
+parsers and output processing in the worker, no hop added.
 
 The group's owner (the launcher) runs an :class:`EngineGroup` and gives its
 :meth:`~EngineGroup.environment` to the workers. A worker's engine start

@@ -5,8 +5,8 @@ the next engine start on the host once its owner is dead.
 vLLM binds its ZMQ sockets at ``ipc://<VLLM_RPC_BASE_PATH>/<uuid4>`` (``get_open_zmq_ipc_path``;
 the variable defaults to the temporary directory) and never removes the files: raw
 ``AsyncLLM`` leaves 7 socket files in ``/tmp`` per engine, on every stop, clean ones included
-(docs/deployment.md, "Files in /tmp and /dev/shm"). Here every engine process of one owner (the process that
-started the engines) gets ``VLLM_RPC_BASE_PATH=<tmp>/vllm-inline-ipc-<pid>-<start>``: one
+(docs/deployment.md, "Files in /tmp and /dev/shm"). Here every engine process of one owner
+(the process that started the engines) gets ``VLLM_RPC_BASE_PATH=<tmp>/vllm-inline-ipc-<pid>-<start>``: one
 directory, mode 0700, named after the owner's pid and start time (clock ticks since boot, from
 ``/proc``, so a pid reused by another process is not mistaken for the owner). It is removed when
 the owner's last engine shuts down, at the owner's exit, by the engine cores when they see their

@@ -27,8 +27,9 @@ each stays in ``/dev/shm``, holding its memory, until the machine restarts.
 :func:`.vllm_names.release_names_when_attached` unlinks a queue's names as soon as every reader
 has attached (``wait_until_ready``), the way Ray's object store does its own: the mappings work
 on, and the kernel frees the memory when the last process holding it ends, however it ends; so
-do the tensor-parallel ranks' segments of vLLM's CPU communicator (:mod:`.vllm_names`). **Forked, not
-spawned, on a CPU:** workers (:func:`fork_workers`), engine cores (:func:`boot_forked`).
+do the tensor-parallel ranks' segments of vLLM's CPU communicator (:mod:`.vllm_names`).
+**Forked, not spawned, on a CPU:** workers (:func:`fork_workers`), engine cores
+(:func:`boot_forked`).
 """
 
 from __future__ import annotations
