@@ -250,7 +250,7 @@ def test_sigkill_in_the_middle_of_a_start_leaves_nothing(
     chat = scripted_model("llama3", scripted_root)
     with launched(tmp_path, "--workers", "2", "--model", chat.path, healthy=False) as run:
         deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:  # the workers and the fork server importing
+        while time.monotonic() < deadline:  # the workers importing (the launcher imports no vLLM)
             run.look()
             time.sleep(0.1)
         assert len(run.look()) >= 3, run.text()
