@@ -211,8 +211,7 @@ def nothing_left_in_tmp(request: pytest.FixtureRequest, tmp_at_start: set[str]) 
     new = tmp_entries() - tmp_at_start
     if not new or not (left := left_in_tmp(new)):
         return
-    time.sleep(0.5)  # a socket between its bind's file and the kernel's table is not left
-    left = left_in_tmp(left)
+    left = left_in_tmp(left)  # again: a socket bound between its file and the kernel's table
     remove_from_tmp(left)
     if left:
         _LEFT_IN_TMP.append((request.node.nodeid, sorted(left)))
