@@ -248,8 +248,9 @@ def start_runtime(
     stats = StatsBook(enabled=vllm_kwargs.get("disable_log_stats") is not True)
     ipc_directory.hold()  # vLLM's IPC sockets and the engine processes' files (see there)
     try:
-        built = loop.submit(_build(model, vllm_kwargs, stats, planned, running)).result()
-        llm, defaults, cores = built
+        llm, defaults, cores = loop.submit(
+            _build(model, vllm_kwargs, stats, planned, running)
+        ).result()
     except BaseException as e:
         loop.stop()
         vllm_processes.stop_when_idle()
@@ -349,12 +350,15 @@ async def _build(
     # and a local of it would keep the engine alive until interpreter exit.
     registry = prometheus_registry()
     try:
-        llm = vllm_engine.start_engine(model, defaults.kwargs, stats, registry, environment, client)
+        return (
+            vllm_engine.start_engine(model, defaults.kwargs, stats, registry, environment, client),
+            defaults,
+            cores,
+        )
     except BaseException:
         if cores is not None:  # started for the group, by this worker: no one else stops them
             cores.shutdown()
         raise
-    return llm, defaults, cores
 
 
 def _decide_engine_kwargs(
