@@ -123,11 +123,17 @@ def _serve(
     extra: list[str],
     env: dict[str, str],
 ) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host",
-           "127.0.0.1", "--port", str(port), *cli_flags(kwargs), *extra]  # fmt: skip
+    # vLLM's own `serve` (benchmarks/vllm_serve.py): `python -m vllm.entrypoints.openai.api_server`
+    # runs one API server whatever --api-server-count says (runs before 2026-12-05 did so).
+    cmd = [sys.executable, str(HERE / "vllm_serve.py"), model, "--host", "127.0.0.1", "--port",
+           str(port), *cli_flags(kwargs), *extra]  # fmt: skip
+    # vLLM leaves its IPC socket files behind (docs/deployment.md): in the run's own directory.
+    sockets = log.parent / "vllm-serve-sockets"
+    sockets.mkdir(exist_ok=True)
     with log.open("wb") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, process_group=0,
-                                env={**env, "VLLM_LOGGING_LEVEL": "WARNING"})  # fmt: skip
+                                env={**env, "VLLM_LOGGING_LEVEL": "WARNING",
+                                     "VLLM_RPC_BASE_PATH": str(sockets)})  # fmt: skip
 
 
 def wait_ready(url: str, workers: int, started: float, timeout: float = 400) -> float:
@@ -164,6 +170,7 @@ def _kind(line: str) -> str:
         ("VLLM::EngineCore", "engine core"), ("VLLM::Worker", "model worker"),
         ("worker_main", "app worker"), ("forkserver", "fork server"),
         ("resource_tracker", "resource tracker"), ("vllm_inline run", "launcher"),
+        ("VLLM::APIServer", "vllm serve API server"), ("vllm_serve.py", "vllm serve"),
         ("api_server", "vllm serve"), ("spawn_main", "spawned (uvicorn worker or API server)"),
         ("uvicorn", "uvicorn parent"),
     ):  # fmt: skip
@@ -186,10 +193,12 @@ def first_tokens(url: str, requests: int) -> list[float]:
     return out
 
 
-def part1(model: str, logs: pathlib.Path, requests: int) -> dict[str, Any]:
+def part1(
+    model: str, logs: pathlib.Path, requests: int, count: int, sides: tuple[str, ...] = SIDES_1
+) -> dict[str, Any]:
     results = {}
-    for name in SIDES_1:
-        workers = 1 if name == "one" else 2
+    for name in sides:
+        workers = 1 if name == "one" else count
         started = time.monotonic()
         log = logs / f"part1-{name.replace(' ', '-')}.log"
         with side(name, model, workers, None, log) as url:
@@ -306,11 +315,15 @@ def report(data: dict[str, Any]) -> str:
                 ]
             )
         lines.append(aligned(rows))
-        budget = one["one"]["pss_mib"] + one["ours"]["worker_pss_mib"]
-        lines.append(
-            f"ours / (one engine + its front ends): {one['ours']['pss_mib'] / budget:.2f}x (target <= 1.1x)"
-        )
+        if "one" in one and "ours" in one:
+            workers = data.get("args", {}).get("workers", 2)
+            budget = one["one"]["pss_mib"] + (workers - 1) * one["ours"]["worker_pss_mib"]
+            lines.append(
+                f"ours / (one engine + its front ends): {one['ours']['pss_mib'] / budget:.2f}x (target <= 1.1x)"
+            )
         for other in ("own engines", "vllm serve"):
+            if other not in one or "ours" not in one:
+                continue
             o = one[other]
             lines.append(
                 f"ours / {other}: memory {one['ours']['pss_mib'] / o['pss_mib']:.2f}x, ready {one['ours']['ready_s'] / o['ready_s']:.2f}x, first token {one['ours']['ttft_p50_ms'] / o['ttft_p50_ms']:.2f}x"
@@ -353,6 +366,8 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=128)
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--requests", type=int, default=30)
+    parser.add_argument("--workers", type=int, default=2, help="N of part 1 (default: 2)")
+    parser.add_argument("--part1-sides", help=f"part 1's sides (default: {SIDES_1})")
     parser.add_argument("--sides", help=f"part 2's sides, comma-separated (default: {SIDES_2})")
     parser.add_argument("--out", default=str(HERE / "results" / "workers.json"))
     args = parser.parse_args()
@@ -366,7 +381,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="vllm-inline-workers-bench-") as tmp:
         logs = pathlib.Path(tmp)
         if args.part in ("1", "all"):
-            data["part1"] = part1(model, logs, args.requests)
+            sides_1 = tuple(args.part1_sides.split(",")) if args.part1_sides else SIDES_1
+            data["part1"] = part1(model, logs, args.requests, args.workers, sides_1)
         if args.part in ("2", "all"):
             steps = [float(s) for s in args.steps.split(",")]
             sides = args.sides.split(",") if args.sides else list(SIDES_2)

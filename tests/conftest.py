@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,10 +24,13 @@ from typing import Any
 
 import pytest
 from launches import Launches
+from processes import left_in_tmp, remove_from_tmp, tmp_entries
 
 from vllm_inline.testing import ScriptedModel, scripted_model
 
 pytest_plugins = ["engine_starts"]
+
+_LEFT_IN_TMP: list[tuple[str, list[str]]] = []  # (test, names left in /tmp after it)
 
 OWN_PROCESSES = (
     "tests/test_check.py::test_check_fails_when",
@@ -186,4 +190,36 @@ def shared_engines_left_as_found(request: pytest.FixtureRequest) -> Iterator[Non
             time.sleep(0.05)
         assert engine.num_unfinished_requests() == 0, (
             f"the shared {name!r} engine still runs {engine.num_unfinished_requests()} request(s)"
+        )
+
+
+@pytest.fixture(scope="session")
+def tmp_at_start() -> set[str]:
+    """The temporary directory before this session's first test: nothing in it is the
+    session's."""
+    return tmp_entries()
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_in_tmp(request: pytest.FixtureRequest, tmp_at_start: set[str]) -> Iterator[None]:
+    """After each test, what appeared in the temporary directory during the session and is
+    left behind (a socket file no process has bound, an engine owner directory whose owner is
+    dead: :func:`processes.left_in_tmp`) is removed and named at the end with the test after
+    which it was found, as tests/parallel/conftest.py does for ``/dev/shm``. Other runs on the
+    host can add names meanwhile: the summary says what was found, it does not fail the test."""
+    yield
+    new = tmp_entries() - tmp_at_start
+    if not new or not (left := left_in_tmp(new)):
+        return
+    left = left_in_tmp(left)  # again: a socket bound between its file and the kernel's table
+    remove_from_tmp(left)
+    if left:
+        _LEFT_IN_TMP.append((request.node.nodeid, sorted(left)))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for test, names in _LEFT_IN_TMP:
+        terminalreporter.write_line(
+            f"left in {tempfile.gettempdir()} after {test} (removed): {', '.join(names)}",
+            yellow=True,
         )

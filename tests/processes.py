@@ -1,12 +1,16 @@
 """What a test that starts processes needs to clean up after itself: the processes a child
-started (by pid and start time, never by name) and the ``/dev/shm`` entries they created
+started (by pid and start time, never by name), the ``/dev/shm`` entries they created
 (those that appeared while it ran and that its processes hold: another run on the machine
-creates entries meanwhile)."""
+creates entries meanwhile), and what engines leave in the temporary directory."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import socket
+import stat
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -180,3 +184,66 @@ class Started:
             [p for f in self.taken for p in f.processes] + self.roots,
             {name for f in self.taken for name in f.shm},
         )
+
+
+def tmp_entries(root: str | None = None) -> set[str]:
+    """Names directly in the temporary directory now."""
+    try:
+        return set(os.listdir(root or tempfile.gettempdir()))
+    except OSError:
+        return set()
+
+
+def bound_sockets() -> set[str]:
+    """Paths of the Unix sockets some process has bound (``/proc/net/unix``; abstract names and
+    unnamed sockets left out)."""
+    paths = set()
+    with contextlib.suppress(OSError), open("/proc/net/unix", encoding="utf-8") as f:
+        next(f, None)
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 8 and fields[7].startswith("/"):
+                paths.add(fields[7])
+    return paths
+
+
+def left_in_tmp(among: set[str], root: str | None = None) -> set[str]:
+    """Those of ``among`` (names in the temporary directory) that are left behind: a socket
+    file no process has bound (vLLM's IPC sockets; an engine's ends unbound), an engine's owner
+    directory (``vllm-inline-ipc-<pid>-<start>``) whose owner no longer runs."""
+    from vllm_inline.engine.seam import ipc_directory
+
+    root = root or tempfile.gettempdir()
+    bound = bound_sockets()
+    left = set()
+    for name in among:
+        path = os.path.join(root, name)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        unbound_socket = stat.S_ISSOCK(mode) and path not in bound
+        if unbound_socket or ipc_directory.is_dead_owners(path):
+            left.add(name)
+    return left
+
+
+def remove_from_tmp(names: Iterable[str], root: str | None = None) -> None:
+    """Remove ``names`` from the temporary directory (files, sockets, directories)."""
+    root = root or tempfile.gettempdir()
+    for name in names:
+        path = os.path.join(root, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+def owner_directories(pids: Iterable[int], root: str | None = None) -> list[str]:
+    """The engines' owner directories (``vllm-inline-ipc-<pid>-<start>``) in the temporary
+    directory named after one of ``pids``."""
+    from vllm_inline.engine.seam import ipc_directory
+
+    wanted = {f"{ipc_directory.PREFIX}{pid}-" for pid in pids}
+    return sorted(n for n in tmp_entries(root) if any(n.startswith(w) for w in wanted))

@@ -85,8 +85,13 @@ def test_quiet_by_default_and_one_setting_brings_vllms_logs_back(monkeypatch) ->
         monkeypatch.setenv("VLLM_LOGGING_LEVEL", verbose)
         assert not vllm_quiet.quiet()
         assert vllm_quiet.quiet_environment() == {}
-        # The boot directory stays: the engine's processes still end with this one.
-        assert set(vllm_boot.engine_environment()) == {"PYTHONPATH", "VLLMINLINE_PARENT_PID"}
+        # The boot directory stays: the engine's processes still end with this one (and keep
+        # their files in this process's directory).
+        assert set(vllm_boot.engine_environment()) == {
+            "PYTHONPATH",
+            "VLLMINLINE_PARENT_PID",
+            "VLLM_RPC_BASE_PATH",
+        }
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "CRITICAL")
     assert vllm_boot.engine_environment()["VLLM_LOGGING_LEVEL"] == "CRITICAL"
     monkeypatch.setenv("TORCH_CPP_LOG_LEVEL", "INFO")  # the user's own choice stays

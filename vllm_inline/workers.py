@@ -7,9 +7,11 @@ The launcher (this module, the parent of everything) listens on the port, starts
 :class:`~vllm_inline.engine.life.group.EngineGroup` and N uvicorn workers sharing the socket, as
 ``uvicorn --workers`` and ``vllm serve --api-server-count`` share theirs. The app's code does not
 change: when a worker's engine starts (``ChatVLLM(...)``, ``get_engine(...)``, in the lifespan or
-at the first request), the group starts that model's engine cores once, in processes of the
-launcher, and every worker's engine is a front end of its own on them (vLLM's multi-API-server
-mode, :mod:`vllm_inline.engine.seam.vllm_group`).
+at the first request), the first worker to ask starts that model's engine cores once, for all,
+and every worker's engine is a front end of its own on them (vLLM's multi-API-server mode,
+:mod:`vllm_inline.engine.seam.vllm_group`). The launcher imports neither vLLM nor torch and
+runs no fork server: its own memory is the standard library's, uvicorn's and the socket's
+(:mod:`vllm_inline.engine.life.group` says why the cores are a worker's).
 
 **One dies, all stop.** A worker that exits (killed, crashed, out of memory), or an engine core
 that dies, stops the whole group and the launcher exits with status 1, as ``vllm serve`` does
@@ -20,9 +22,10 @@ dead worker's requests would run on, holding KV cache), and a utility reply mean
 front end reaches the new one (``vllm/v1/engine/core.py``, ``core_client.py``). Stopping the
 group ends the dead worker's requests with the engine cores.
 
-SIGTERM or SIGINT: the workers drain (uvicorn's graceful shutdown, ``--graceful-timeout``), then
-the engine cores stop; status 0. SIGKILL: the workers are killed with the launcher (Linux's
-parent-death signal) and the engine cores end on their own (they watch their parent).
+SIGTERM or SIGINT: the workers drain (uvicorn's graceful shutdown, ``--graceful-timeout``), and
+the worker that started a model's engine cores stops them once the others have ended; status 0.
+SIGKILL: the workers are killed with the launcher (Linux's parent-death signal) and the engine
+cores end on their own (they watch the worker that started them).
 There is no worker health check: a worker whose engine is still loading is not killed for it.
 """
 
@@ -74,7 +77,7 @@ def run(
     SIGINT (status 0) or until a worker or an engine core dies (status 1).
     ``environment``: more variables for the workers."""
     group = EngineGroup(workers)  # checks workers
-    from vllm_inline.engine.seam import vllm_processes, vllm_quiet
+    from vllm_inline.engine.seam import vllm_quiet  # the standard library only
 
     # vLLM's quiet levels for every process of the group, as one process's engine gets them
     # (the workers' front ends and this process build vLLM's config outside an engine start).
@@ -92,9 +95,6 @@ def run(
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     group.start()
-    vllm_processes.warm_up()  # the engine cores' fork server imports while the workers do
-    # vLLM too, for the first engine's start here, while the workers import the app.
-    threading.Thread(target=_import_vllm, name="vllm-inline:import", daemon=True).start()
     # prometheus_client's multiprocess mode, as vllm serve sets it for its API servers: each
     # worker's /metrics reads every worker's values (engine.life.metrics).
     metrics_dir = _metrics_directory()
@@ -129,7 +129,7 @@ def run(
         status = _supervise(processes, group, stop)
     finally:
         _stop_workers(processes, graceful_timeout)
-        group.shutdown()
+        group.shutdown(grace=vllm_quiet.shutdown_timeout())
         sock.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)
         for number, handler in previous.items():
@@ -137,34 +137,15 @@ def run(
     return status
 
 
-def _import_vllm() -> None:
-    from vllm_inline.engine.seam import vllm_quiet
-
-    vllm_quiet.install_filters()  # before vLLM's import, which logs
-    with contextlib.suppress(ImportError):
-        from vllm_inline.engine.seam import vllm_group  # noqa: F401  (vLLM, for the group)
-
-
 def _metrics_directory() -> str:
-    """A new directory for the workers' metric files, named after this launcher; those of
-    launchers that were killed (none of them runs) are removed first."""
-    prefix = "vllm-inline-metrics-"
-    root = tempfile.gettempdir()
-    for name in os.listdir(root):
-        owner = name[len(prefix) :].split("-", 1)[0]
-        if name.startswith(prefix) and owner.isdigit() and not _running(int(owner)):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+    """A new directory for the workers' metric files, named after this launcher (pid and start
+    time); those of launchers that were killed, and the engines' files of dead owners, are
+    removed first (:func:`~vllm_inline.engine.seam.ipc_directory.sweep`)."""
+    from vllm_inline.engine.seam import ipc_directory  # the standard library only
 
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    ipc_directory.sweep()
+    start = ipc_directory.process_start(os.getpid()) or 0
+    return tempfile.mkdtemp(prefix=f"{ipc_directory.METRICS_PREFIX}{os.getpid()}-{start}-")
 
 
 class _Worker:

@@ -2,18 +2,35 @@
 
 A web app runs several worker processes; each would start its own engine for every model it
 declares, N copies of the weights and of the KV cache. In a group, the engine cores of a model
-run once, in processes the group's owner (the launcher, :mod:`vllm_inline.workers`) starts, and
-each worker's :class:`~vllm_inline.engine.Engine` is a front end of its own on them, as each API
-server of ``vllm serve --api-server-count N`` is (:mod:`..seam.vllm_group`): its tokenizer,
-template, parsers and output processing in the worker, no hop added.
+run once, started by one of the workers for all (below), and each worker's
+:class:`~vllm_inline.engine.Engine` is a front end of its own on them, as each API server of
+``vllm serve --api-server-count N`` is (:mod:`..seam.vllm_group`): its tokenizer, template,
+parsers and output processing in the worker, no hop added.
 
-The owner runs an :class:`EngineGroup` and gives its :meth:`~EngineGroup.environment` to the
-workers. A worker's engine start (:func:`.runtime.start_runtime`) then calls :func:`attach`,
-which asks the owner over a local socket: the first worker to ask for a model and options
-decides the options (the platform defaults, as for one engine) and the owner starts the engine
-cores with them for every worker; the others wait for that start and attach with the same
-options. A worker's client index (vLLM's ``client_index``) is its worker number, or the order of
-its first request when the owner gave none.
+The group's owner (the launcher) runs an :class:`EngineGroup` and gives its
+:meth:`~EngineGroup.environment` to the workers. A worker's engine start
+(:func:`.runtime.start_runtime`) then calls :func:`attach`, which asks the owner over a local
+socket: the first worker to ask for a model and options decides the options (the platform
+defaults, as for one engine) and **starts the engine cores itself**, for every worker; the
+owner hands each other worker its client settings, and the others attach with the same options.
+A worker's client index (vLLM's ``client_index``) is its worker number, or the order of its
+first request when the owner gave none.
+
+**Why a worker, not the launcher, starts the engine cores.** Starting them takes vLLM (its
+config, ``launch_core_engines``): a launcher that did so held a copy of torch and vLLM (449 MiB
+here) and a fork server (314 MiB) that no request ever used. The worker that starts them has
+vLLM loaded for its own front end anyway. The launcher imports neither vLLM nor torch; it only
+keeps the socket, the client settings and a pidfd of each engine core, so that an engine core
+that dies still stops the group (:mod:`vllm_inline.workers`).
+
+**The starting worker's stop waits for the others.** The engine cores are that worker's
+children (they end when it ends: :mod:`..seam.vllm_boot`). When its engine shuts down (its
+lifespan, or its interpreter's exit once SIGTERM drained its requests), it first asks the
+owner to wait until every other worker that attached to those cores has ended (drained by
+the same SIGTERM, or killed by the launcher after the grace), then stops them
+(:func:`stop_owned`). An app that shuts such an engine down while the group runs waits the same
+way: the other workers still use it. If that worker is killed, its engine cores end with it
+and the group stops (one dies, all stop).
 
 Why a socket and not ``multiprocessing`` queues: the workers are not the owner's
 ``multiprocessing`` children in general (uvicorn imports the app in each), and a worker must
@@ -22,11 +39,15 @@ be able to ask at any time, from its engine's thread.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import secrets
+import select
+import signal
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection, Listener
@@ -34,6 +55,7 @@ from typing import Any
 
 from vllm_inline.engine.errors import ModelLoadError
 from vllm_inline.engine.life.platform_defaults import PlatformDefaults
+from vllm_inline.engine.seam import ipc_directory
 
 __all__ = [
     "ADDRESS_VARIABLE",
@@ -42,6 +64,7 @@ __all__ = [
     "EngineGroup",
     "attach",
     "joined",
+    "stop_owned",
     "worker_index",
 ]
 
@@ -69,16 +92,10 @@ def worker_index() -> int | None:
 Decide = Callable[[], tuple[PlatformDefaults, dict[str, str]]]
 
 
-def attach(
-    model: str, requested: Mapping[str, Any], decide: Decide
-) -> tuple[PlatformDefaults, dict[str, Any]]:
-    """The options and vLLM client settings of the group's engine for ``model`` with the
-    caller's ``requested`` options; the first caller's ``decide()`` gives the options (and the
-    environment of the start) and the owner starts the engine cores with them (blocking)."""
-    key = json.dumps([model, dict(requested)], sort_keys=True, default=repr)
+def _connect() -> Connection:
     address = os.environ[ADDRESS_VARIABLE]
     try:
-        connection = Client(
+        return Client(
             "\0" + address[1:] if address.startswith("@") else address,
             authkey=bytes.fromhex(os.environ[KEY_VARIABLE]),
         )
@@ -88,20 +105,51 @@ def attach(
             f"owner does not answer ({e}): start the app with its launcher "
             "(python -m vllm_inline run/serve --workers N), or unset the variable."
         ) from e
-    with connection:
+
+
+def attach(
+    model: str, requested: Mapping[str, Any], decide: Decide
+) -> tuple[PlatformDefaults, dict[str, Any], Any]:
+    """The options and vLLM client settings of the group's engine for ``model`` with the
+    caller's ``requested`` options, and the engine cores when this worker started them (else
+    None: :func:`stop_owned` them when its engine stops). The first caller's ``decide()`` gives
+    the options and the environment of the start, and it starts the engine cores (blocking)."""
+    key = json.dumps([model, dict(requested)], sort_keys=True, default=repr)
+    cores = None
+    with _connect() as connection:
         connection.send(("attach", os.getpid(), worker_index(), key))
         reply = connection.recv()
         if reply[0] == "start":
             try:
                 defaults, environment = decide()
+                from vllm_inline.engine.seam import vllm_group
+
+                logger.info("vllm-inline: starting %s once for %d workers", model, reply[1])
+                cores = vllm_group.launch_shared(model, defaults.kwargs, environment, reply[1])
             except BaseException as e:
                 connection.send(("failed", f"{type(e).__name__}: {e}"))
+                with contextlib.suppress(EOFError, OSError):
+                    connection.recv()  # the owner has recorded it: the next caller starts again
                 raise
-            connection.send(("start", model, defaults, environment))
+            connection.send(("started", defaults, cores.clients(), cores.pids()))
             reply = connection.recv()
     if reply[0] == "error":
+        if cores is not None:
+            cores.shutdown()
         raise ModelLoadError(reply[1])
-    return reply[1], reply[2]
+    return reply[1], reply[2], cores
+
+
+def stop_owned(cores: Any) -> None:
+    """Stop engine cores this worker started for its group (``attach``'s third value), once
+    every other worker attached to them has ended (see the module docstring)."""
+    try:
+        with _connect() as connection:
+            connection.send(("drain", os.getpid(), cores.pids()))
+            connection.recv()  # when the others have ended
+    except (ModelLoadError, EOFError, OSError):
+        pass  # the owner is gone: so are the other workers (they die with it)
+    cores.shutdown()
 
 
 @dataclass
@@ -110,14 +158,21 @@ class _Entry:
 
     done: threading.Event = field(default_factory=threading.Event)
     defaults: PlatformDefaults | None = None
-    cores: Any = None  # seam.vllm_group.SharedCores once started
+    clients: list[dict[str, Any]] = field(default_factory=list)
+    """Each front end's client settings, by client index."""
+    pids: list[int] = field(default_factory=list)
+    """The engine cores' pids."""
+    sentinels: list[int] = field(default_factory=list)
+    """A pidfd of each engine core: readable once it has ended."""
+    users: set[int] = field(default_factory=set)
+    """The pids of the workers attached."""
     error: str | None = None
 
 
 class EngineGroup:
-    """The owner's side: starts each model's engine cores once for ``workers`` front ends and
-    answers the workers' :func:`attach`. Use it as a context manager, or :meth:`start` and
-    :meth:`shutdown`."""
+    """The owner's side: answers the workers' :func:`attach` (the first worker to ask for an
+    engine starts its cores for ``workers`` front ends) and watches the engine cores. Use it as
+    a context manager, or :meth:`start` and :meth:`shutdown`. Imports neither vLLM nor torch."""
 
     def __init__(self, workers: int) -> None:
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
@@ -127,7 +182,8 @@ class EngineGroup:
         self.workers = workers
         """How many front ends each engine serves (client indexes ``0..workers-1``)."""
         self._key = secrets.token_bytes(32)
-        # Linux's abstract socket namespace: no file to leave behind when the owner is killed.
+        # Linux's abstract socket namespace: no file to leave behind when the owner is killed
+        # (the key keeps other processes out).
         self._address = f"\0vllm-inline-group-{secrets.token_hex(8)}"
         self._listener: Listener | None = None
         self._entries: dict[str, _Entry] = {}
@@ -157,30 +213,35 @@ class EngineGroup:
             environment[WORKER_VARIABLE] = str(worker)
         return environment
 
-    def engines(self) -> list[Any]:
-        """The engine cores started so far (``SharedCores``, one per model and options)."""
+    def engine_pids(self) -> list[int]:
+        """The pids of the engine cores started so far (one or more per model and options)."""
         with self._lock:
-            return [e.cores for e in self._entries.values() if e.cores is not None]
+            return [pid for e in self._entries.values() for pid in e.pids]
 
     def sentinels(self) -> list[int]:
-        """The started engine cores' process sentinels: ready when one ends."""
-        return [s for cores in self.engines() for s in cores.sentinels()]
+        """The started engine cores' sentinels (pidfds): ready when one ends."""
+        with self._lock:
+            return [fd for e in self._entries.values() for fd in e.sentinels]
 
-    def shutdown(self) -> None:
-        """Stop every engine the group started, and stop listening (call once the workers are
-        gone: their engines see the engine cores go)."""
+    def shutdown(self, grace: float = 30.0) -> None:
+        """Stop listening, and wait up to ``grace`` s for the engine cores to end (call once
+        the workers are gone: the cores end with the worker that started them), then kill what
+        is left of them."""
         with self._lock:
             self._closing = True
             entries = list(self._entries.values())
         if self._listener is not None:
             self._listener.close()
+        deadline = time.monotonic() + grace
         for entry in entries:
-            entry.done.wait(timeout=600)  # a start in flight ends before its cores stop
-            if entry.cores is not None:
-                entry.cores.shutdown()
-        from vllm_inline.engine.seam import vllm_processes
-
-        vllm_processes.stop_when_idle()
+            entry.done.wait(timeout=max(0.0, deadline - time.monotonic()))
+            for fd in entry.sentinels:
+                if not _ended(fd, deadline - time.monotonic()):
+                    with contextlib.suppress(OSError):
+                        signal.pidfd_send_signal(fd, signal.SIGKILL)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            entry.sentinels = []
 
     def _accept(self) -> None:
         listener = self._listener
@@ -200,17 +261,24 @@ class EngineGroup:
     def _serve(self, connection: Connection) -> None:
         with connection:
             try:
-                _, pid, worker, key = connection.recv()
+                message = connection.recv()
+                if message[0] == "drain":
+                    self._drain(message[1], message[2])
+                    connection.send(("drained",))
+                    return
+                _, pid, worker, key = message
                 index = self._index(pid, worker)
                 entry, starter = self._entry(key)
                 if starter:
-                    connection.send(("start",))
-                    self._start(entry, connection.recv())
+                    connection.send(("start", self.workers))
+                    self._started(entry, connection.recv())
                 entry.done.wait()
                 if entry.error is not None:
                     connection.send(("error", entry.error))
                 else:
-                    connection.send(("ready", entry.defaults, entry.cores.client(index)))
+                    with self._lock:
+                        entry.users.add(pid)
+                    connection.send(("ready", entry.defaults, entry.clients[index]))
             except (EOFError, OSError):
                 return
             except ValueError as e:
@@ -242,22 +310,37 @@ class EngineGroup:
             entry = self._entries[key] = _Entry()  # new, or again after a failed start
             return entry, True
 
-    def _start(self, entry: _Entry, message: tuple[Any, ...]) -> None:
+    def _started(self, entry: _Entry, message: tuple[Any, ...]) -> None:
+        """The starting worker's answer: its engine cores are up, or they failed."""
         try:
-            if message[0] != "start":
-                raise ModelLoadError(f"The worker deciding the options failed: {message[1]}")
-            _, model, defaults, environment = message
-            from vllm_inline.engine.seam import vllm_group, vllm_processes, vllm_quiet
-
-            vllm_processes.warm_up()
-            vllm_quiet.install_filters()
-            logger.info("vllm-inline: starting %s once for %d workers", model, self.workers)
-            entry.cores = vllm_group.launch_shared(
-                model, defaults.kwargs, environment, self.workers
-            )
-            entry.defaults = defaults
+            if message[0] != "started":
+                raise ModelLoadError(f"The worker starting the engine failed: {message[1]}")
+            _, entry.defaults, entry.clients, entry.pids = message
+            for pid in entry.pids:
+                try:
+                    entry.sentinels.append(os.pidfd_open(pid))
+                except OSError:  # already gone: a sentinel that is ready at once
+                    read, write = os.pipe()
+                    os.close(write)
+                    entry.sentinels.append(read)
         except BaseException as e:  # noqa: BLE001 - every waiting worker gets the error
             entry.error = str(e) if isinstance(e, ModelLoadError) else f"{type(e).__name__}: {e}"
             logger.error("vllm-inline: the group's engine did not start: %s", entry.error)
         finally:
             entry.done.set()
+
+    def _drain(self, owner: int, pids: list[int]) -> None:
+        """Return once every worker attached to the engine cores ``pids`` but ``owner`` (which
+        started them) has ended; no engine starts in the group from now on."""
+        with self._lock:
+            self._closing = True
+            users = {u for e in self._entries.values() if set(e.pids) & set(pids) for u in e.users}
+        users.discard(owner)
+        while any(ipc_directory.owner_alive(pid, 0) for pid in users):
+            time.sleep(0.1)
+
+
+def _ended(fd: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` s for the pidfd ``fd`` to become readable (its process ended)."""
+    readable, _, _ = select.select([fd], [], [], max(0.0, timeout))
+    return bool(readable)

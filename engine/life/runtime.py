@@ -39,6 +39,7 @@ from vllm_inline.engine.life.stops import StopPolicy, decide_stop_policy
 from vllm_inline.engine.life.templates import TemplateChoice, resolve_chat_template
 from vllm_inline.engine.loop.bridge import LoopThread
 from vllm_inline.engine.seam import (
+    ipc_directory,  # the standard library only
     vllm_processes,  # the standard library only until an engine starts
 )
 from vllm_inline.engine.seam.vllm_types import AsyncLLM, TokenizerLike
@@ -98,6 +99,8 @@ class Runtime:
     into this ``AsyncLLM``."""
     closing: bool = False
     """True once :meth:`shutdown` began: cancelled work ends with :class:`EngineShutdownError`."""
+    group_cores: Any = None
+    """The engine cores this worker started for its group (:mod:`.group`), stopped with it."""
 
     def running_llm(self) -> AsyncLLM:
         """The ``AsyncLLM``, for work under :meth:`guard` (which refuses a dead engine)."""
@@ -187,7 +190,11 @@ class Runtime:
         self.loop.stop()
         self.llm = None
         gc.collect()  # run AsyncLLM.__del__ now, while the interpreter is whole
+        if self.group_cores is not None:  # once the group's other workers are gone
+            group.stop_owned(self.group_cores)
+            self.group_cores = None
         vllm_processes.stop_when_idle()
+        ipc_directory.release()  # the last engine of the process takes its files with it
 
 
 def _uncancel(task: asyncio.Task[Any]) -> int:
@@ -239,11 +246,15 @@ def start_runtime(
     # An explicit disable_log_stats=True turns vLLM's stats off, as in vLLM itself (our
     # default of True only silences vLLM's periodic log line; see vllm_engine.start_engine).
     stats = StatsBook(enabled=vllm_kwargs.get("disable_log_stats") is not True)
+    ipc_directory.hold()  # vLLM's IPC sockets and the engine processes' files (see there)
     try:
-        llm, defaults = loop.submit(_build(model, vllm_kwargs, stats, planned, running)).result()
+        llm, defaults, cores = loop.submit(
+            _build(model, vllm_kwargs, stats, planned, running)
+        ).result()
     except BaseException as e:
         loop.stop()
         vllm_processes.stop_when_idle()
+        ipc_directory.release()
         if isinstance(e, VLLMInlineError):
             raise
         raise ModelLoadError(
@@ -271,6 +282,7 @@ def start_runtime(
         stats=stats,
         platform_defaults=defaults,
         media=MediaPolicy(**vllm_engine.media_limits(llm)),
+        group_cores=cores,
     )
     logger.info(
         "vllm-inline engine started: model=%s template=%s stop_ids=%s (%s) chosen: %s",
@@ -309,13 +321,13 @@ async def _build(
     stats: StatsBook,
     planned: Sequence[Choice],
     running: Sequence[tuple[str, Mapping[str, Any]]],
-) -> tuple[Any, PlatformDefaults]:
+) -> tuple[Any, PlatformDefaults, Any]:
     # Built on the loop thread, so vLLM's output handler binds to this loop. vLLM is first
     # imported here too: some of its modules keep import-time tracebacks, which would keep
     # the caller's frames (and through them the engine) alive until interpreter exit.
     from vllm_inline.engine.seam import vllm_boot, vllm_quiet
 
-    if not group.joined():  # a group's engine cores come from its owner's fork server
+    if not group.joined():  # a group's engine cores are spawned (.group)
         vllm_processes.warm_up()  # on a CPU, engine cores' fork server imports while we do
     vllm_quiet.install_filters()  # before vLLM's import, which logs
     from vllm_inline.engine.seam import vllm_engine
@@ -328,18 +340,25 @@ async def _build(
         cpu = defaults.facts is not None and defaults.facts.is_cpu
         return defaults, {**vllm_boot.engine_environment(cpu=cpu), **defaults.environment}
 
-    client = None
+    client, cores = None, None
     if group.joined():  # attach to the group's engine cores for this model and options
-        defaults, client = group.attach(model, vllm_kwargs, decide)
+        defaults, client, cores = group.attach(model, vllm_kwargs, decide)
         environment: dict[str, str] = {}
     else:
         defaults, environment = decide()
     # Returned, never held in a local: a traceback vLLM keeps from its imports keeps this frame,
     # and a local of it would keep the engine alive until interpreter exit.
     registry = prometheus_registry()
-    return vllm_engine.start_engine(
-        model, defaults.kwargs, stats, registry, environment, client
-    ), defaults
+    try:
+        return (
+            vllm_engine.start_engine(model, defaults.kwargs, stats, registry, environment, client),
+            defaults,
+            cores,
+        )
+    except BaseException:
+        if cores is not None:  # started for the group, by this worker: no one else stops them
+            cores.shutdown()
+        raise
 
 
 def _decide_engine_kwargs(

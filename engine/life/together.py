@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
+from vllm_inline.engine.life import group
 from vllm_inline.engine.life.platform_defaults import Choice
 
 __all__ = [
@@ -119,8 +120,10 @@ def _plan(engines: Sequence[E]) -> dict[int, tuple[Choice, ...]]:
     from vllm_inline.engine.seam import vllm_processes, vllm_quiet
 
     # As an engine's start does: the engine cores' fork server imports vLLM while this
-    # process does (the measuring below imports it here first).
-    vllm_processes.warm_up()
+    # process does (the measuring below imports it here first). Not in a worker of a group,
+    # whose engine cores are spawned (.group): a fork server there would only hold memory.
+    if not group.joined():
+        vllm_processes.warm_up()
     vllm_quiet.install_filters()  # before vLLM's import, which logs
     try:
         from vllm_inline.engine.seam import vllm_platform

@@ -143,6 +143,18 @@ CONTRACT: tuple[Use, ...] = (
             "shared_memory",
         ),
     ),
+    # engine/seam/ipc_directory.py and vllm_boot.py name these as strings: the directory of vLLM's
+    # IPC sockets (the owner directory, for every engine process) and the rendezvous file put there
+    _u("vllm.envs", "VLLM_RPC_BASE_PATH"),
+    _u("vllm.utils.network_utils", "get_open_zmq_ipc_path"),
+    _u("vllm.utils.network_utils", "get_file_store_init_method"),
+    # engine/seam/vllm_names.py: the CPU communicator's segments, unlinked once every rank joined
+    _u(
+        "vllm.distributed.device_communicators.cpu_communicator",
+        "_CPUSHMDistributed",
+        members=("_init_cpu_shm", "make_group_name"),
+    ),
+    _u("vllm.v1.worker.cpu_worker", "CPUWorker", members=("init_device",)),  # VLLM_DIST_IDENT
     # ... and the variable a CPU engine core forks its workers through, and the manager whose
     # OpenMP variables (OMP_PLACES, KMP_AFFINITY, GOMP_CPU_AFFINITY) a forked worker applies
     _u("vllm.envs", "VLLM_WORKER_MULTIPROC_METHOD"),

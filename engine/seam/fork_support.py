@@ -48,6 +48,8 @@ INTERNALS = (
     ("multiprocessing.process", "parent_process"),
     ("multiprocessing.util", "Finalize"),
     ("multiprocessing.util", "close_fds"),
+    ("multiprocessing.util", "get_temp_dir"),  # reads the process's _config["tempdir"]
+    ("multiprocessing.process", "_current_process._config"),  # the server's socket's directory
     # vllm_boot: a worker forked from its engine core, and the C library's exit
     ("multiprocessing.spawn", "_main"),
     ("multiprocessing.util", "register_after_fork"),

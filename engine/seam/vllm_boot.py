@@ -24,10 +24,12 @@ each worker answers, through ring buffers in ``/dev/shm`` that the writer create
 own shutdown unlinks. When the writer is killed outright (Ray's cleanup of a killed replica's
 children, the OOM killer choosing the engine core, the biggest process) nothing unlinks them, and
 each stays in ``/dev/shm``, holding its memory, until the machine restarts.
-:func:`release_names_when_attached` unlinks a queue's names as soon as every reader has attached
-(``wait_until_ready``), the way Ray's object store does its own: the mappings work on, and the
-kernel frees the memory when the last process holding it ends, however it ends. **Forked, not
-spawned, on a CPU:** workers (:func:`fork_workers`), engine cores (:func:`boot_forked`).
+:func:`.vllm_names.release_names_when_attached` unlinks a queue's names as soon as every reader
+has attached (``wait_until_ready``), the way Ray's object store does its own: the mappings work
+on, and the kernel frees the memory when the last process holding it ends, however it ends; so
+do the tensor-parallel ranks' segments of vLLM's CPU communicator (:mod:`.vllm_names`).
+**Forked, not spawned, on a CPU:** workers (:func:`fork_workers`), engine cores
+(:func:`boot_forked`).
 """
 
 from __future__ import annotations
@@ -40,10 +42,8 @@ import importlib.abc
 import importlib.util
 import os
 import select
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -58,7 +58,6 @@ __all__ = [
     "engine_environment",
     "exit_without_finalization",
     "fork_workers",
-    "release_names_when_attached",
     "watch_parent",
 ]
 
@@ -75,17 +74,18 @@ _SPAWNED_FLAG = "--multiprocessing-fork"  # multiprocessing's spawn puts it on a
 _RESOURCE_TRACKER = "from multiprocessing.resource_tracker import main"  # the tracker's -c code
 _FORK_SERVER = "from multiprocessing.forkserver import main"  # .vllm_processes's server
 _SHM_BROADCAST = "vllm.distributed.device_communicators.shm_broadcast"  # vLLM's MessageQueue
+_CPU_COMMUNICATOR = "vllm.distributed.device_communicators.cpu_communicator"  # TP/PP on a CPU
 
-_boot_lock = threading.Lock()
-_boot_dir: str | None = None
+_FILE_STORE = "vllm.utils.network_utils"  # get_file_store_init_method: torch's rendezvous file
 
 
 def engine_environment(*, cpu: bool = False) -> dict[str, str]:
     """The engine processes' environment: the boot directory on ``PYTHONPATH``, this pid, vLLM's
     quiet levels (:mod:`.vllm_quiet`), on a CPU (``cpu``) :data:`PROCESS_START_VARIABLE`."""
-    from vllm_inline.engine.seam import fork_support, vllm_quiet
+    from vllm_inline.engine.seam import boot_site, fork_support, ipc_directory, vllm_quiet
 
-    boot = _boot_directory()
+    rpc = ipc_directory.owner_directory()
+    boot = boot_site.boot_directory(rpc)
     # Engines that start at once each set this while they spawn: keep one boot entry.
     paths = [boot, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p != boot)]
     environment = {
@@ -93,6 +93,9 @@ def engine_environment(*, cpu: bool = False) -> dict[str, str]:
         "PYTHONPATH": os.pathsep.join(p for p in paths if p),
         PARENT_PID_VARIABLE: str(os.getpid()),
     }
+    # The user's own VLLM_RPC_BASE_PATH stays theirs (and so do the files vLLM leaves there).
+    if os.environ.get(ipc_directory.RPC_VARIABLE, rpc) == rpc:
+        environment[ipc_directory.RPC_VARIABLE] = rpc
     if cpu:  # the user's choice, else the default (fork_support)
         start = os.environ.get(PROCESS_START_VARIABLE) or fork_support.default_process_start()
         environment[PROCESS_START_VARIABLE] = start
@@ -110,7 +113,10 @@ def boot(quiet_module: Any) -> None:
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)
     watch_parent(grace=quiet_module.shutdown_timeout())
-    _after_import(_SHM_BROADCAST, release_names_when_attached)
+    names = _sibling("vllm_names")  # vLLM's names in /dev/shm and /tmp: gone with the engine
+    _after_import(_SHM_BROADCAST, names.release_names_when_attached)
+    _after_import(_CPU_COMMUNICATOR, names.release_cpu_shm_names_when_joined)
+    _after_import(_FILE_STORE, names.rendezvous_in_the_owner_directory)
     exit_without_finalization()
     if _SPAWNED_FLAG in sys.argv and os.environ.get(PROCESS_START_VARIABLE) == "fork":
         fork_workers(grace=quiet_module.shutdown_timeout())
@@ -246,7 +252,8 @@ def _watch_parent_pid(grace: float) -> None:
     os.environ[PARENT_PID_VARIABLE] = str(os.getpid())  # for this process's own children
     parent = os.getppid()
     orphaned = expected.isdigit() and int(expected) != parent  # the parent died meanwhile
-    _stop_when(None if orphaned else functools.partial(_wait_for_pid, parent), grace)
+    owner = int(expected) if expected.isdigit() else parent
+    _stop_when(None if orphaned else functools.partial(_wait_for_pid, parent), grace, owner)
 
 
 def _wait_for_pid(parent: int) -> None:
@@ -260,15 +267,24 @@ def _wait_for_pid(parent: int) -> None:
         os.close(pidfd)
 
 
-def _stop_when(wait: Any, grace: float) -> None:
+def _stop_when(wait: Any, grace: float, parent: int) -> None:
     threading.Thread(
-        target=_stop_after, args=(wait, grace), name="vllm-inline-parent-watch", daemon=True
+        target=_stop_after,
+        args=(wait, grace, parent),
+        name="vllm-inline-parent-watch",
+        daemon=True,
     ).start()
 
 
-def _stop_after(wait: Any, grace: float) -> None:
+def _stop_after(wait: Any, grace: float, parent: int) -> None:
     if wait is not None:
         wait()
+    # The parent has ended. When it was the owner of the engine's files, it did not remove them
+    # (SIGTERM, SIGKILL): its engine processes do; the sockets they hold work on unnamed.
+    with contextlib.suppress(Exception):
+        _sibling("ipc_directory").remove_for_ended_owner(
+            os.environ.get("VLLM_RPC_BASE_PATH", ""), parent
+        )
     # vLLM's engine core and workers turn SIGTERM into their own orderly shutdown. An engine
     # core still starting finishes its start first (vLLM applies a SIGTERM received then once
     # it is built); one that is not gone after the grace vLLM's own teardown takes is killed:
@@ -286,37 +302,15 @@ def boot_forked(app_sentinel: int | None, grace: float) -> None:
     workers forked."""
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
+    app = os.environ.get(PARENT_PID_VARIABLE, "")  # the app's pid, set where it started us
     os.environ[PARENT_PID_VARIABLE] = str(os.getpid())  # for this process's own children
     if app_sentinel is not None:
-        _stop_when(functools.partial(select.select, [app_sentinel], [], []), grace)
+        wait = functools.partial(select.select, [app_sentinel], [], [])
+        _stop_when(wait, grace, int(app) if app.isdigit() else 0)
     # Replaced, not wrapped at the call: multiprocessing looks os._exit up when it calls it.
     os._exit = functools.partial(_exit_through_the_c_library, otherwise=os._exit)  # type: ignore[assignment]
     if os.environ.get(PROCESS_START_VARIABLE) == "fork":
         fork_workers(grace)
-
-
-def release_names_when_attached(shm_broadcast: Any) -> None:
-    """Make every ``MessageQueue`` of vLLM's ``shm_broadcast`` module unlink the ``/dev/shm``
-    names it created once all its readers have attached (see the module docstring).
-
-    A reader attaches in ``MessageQueue.create_from_handle`` before it subscribes, and the
-    writer's ``wait_until_ready`` returns once every local reader has subscribed, so no one
-    opens the name after that. ``unlink`` also takes the name off multiprocessing's resource
-    tracker; the buffer then counts as not its creator's, so vLLM does not unlink it again.
-    """
-    queue = shm_broadcast.MessageQueue
-    wait = queue.wait_until_ready
-
-    @functools.wraps(wait)
-    def wait_until_ready(self: Any) -> None:
-        wait(self)
-        # The ring buffer; its tensor arena too, where vLLM has one (0.32+, off by default).
-        for holder in (getattr(self, "buffer", None), getattr(self, "tensor_arena", None)):
-            if holder is not None and getattr(holder, "is_creator", False):
-                holder.shared_memory.unlink()
-                holder.is_creator = False
-
-    queue.wait_until_ready = wait_until_ready
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -350,50 +344,15 @@ def _after_import(name: str, then: Any) -> None:
         sys.meta_path.insert(0, _AfterImport(name, then))
 
 
-_SITECUSTOMIZE = '''\
-"""Written by vllm-inline for vLLM's engine processes (see {boot}): apply vLLM's log level
-before vLLM is imported and end with the parent process, then run the interpreter's own
-sitecustomize, if any."""
-import importlib.util
-import sys
-
-
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def _sibling(name: str) -> Any:
+    """The module ``name`` of this folder (standard library only), imported where the package
+    is (the app), else loaded by path (an engine process: see :func:`boot`)."""
+    module = sys.modules.get(f"{__package__}.{name}") or sys.modules.get(f"_vllm_inline_{name}")
+    if module is None:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+        spec = importlib.util.spec_from_file_location(f"_vllm_inline_{name}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[f"_vllm_inline_{name}"] = module
+        spec.loader.exec_module(module)
     return module
-
-
-_load("_vllm_inline_boot", {boot!r}).boot(_load("_vllm_inline_quiet", {quiet!r}))
-
-sys.path[:] = [p for p in sys.path if p != {directory!r}]
-_self = sys.modules.pop("sitecustomize")
-try:
-    import sitecustomize  # noqa: F401
-except ImportError as e:
-    if e.name != "sitecustomize":
-        raise
-    sys.modules["sitecustomize"] = _self
-'''
-
-
-def _boot_directory() -> str:
-    """A directory holding the ``sitecustomize`` for the engine's processes (once a process),
-    on their ``PYTHONPATH`` only: spawn gives a child its parent's ``sys.path`` once started,
-    and the file takes itself off ``sys.path`` before the interpreter's own ``sitecustomize``."""
-    global _boot_dir
-    with _boot_lock:
-        if _boot_dir is None:
-            here = os.path.dirname(os.path.abspath(__file__))
-            directory = tempfile.mkdtemp(prefix="vllm-inline-boot-")
-            source = _SITECUSTOMIZE.format(
-                boot=os.path.join(here, "vllm_boot.py"),
-                quiet=os.path.join(here, "vllm_quiet.py"),
-                directory=directory,
-            )
-            with open(os.path.join(directory, "sitecustomize.py"), "w", encoding="utf-8") as f:
-                f.write(source)
-            atexit.register(shutil.rmtree, directory, True)
-            _boot_dir = directory
-        return _boot_dir

@@ -13,12 +13,15 @@ Unlike vLLM's launcher, which binds every front end's sockets before its API ser
 itself when its app starts the engine (the engine cores connect and their messages wait until
 it does): the workers are already running when the first of them asks for an engine.
 
-Imported only in the process that launches engine cores for a group (:mod:`..life.group`).
+Called in the worker that starts a model's engine for its group (:mod:`..life.group`): that
+worker owns the engine cores, which vLLM spawns as for one engine (no fork server: a group's
+engine processes hold one copy of torch and vLLM each, as ``vllm serve``'s do).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import secrets
 from collections.abc import Mapping
 from typing import Any
@@ -27,12 +30,9 @@ from vllm import AsyncEngineArgs
 from vllm.v1.engine.utils import EngineZmqAddresses, launch_core_engines
 from vllm.v1.executor import Executor
 
+from vllm_inline.engine.seam import ipc_directory
 from vllm_inline.engine.seam.vllm_engine import engine_options
-from vllm_inline.engine.seam.vllm_processes import (
-    engine_cores_forked,
-    remote_peer_deadline,
-    spawn_environment,
-)
+from vllm_inline.engine.seam.vllm_processes import remote_peer_deadline, spawn_environment
 
 __all__ = ["SharedCores", "launch_shared"]
 
@@ -63,9 +63,13 @@ class SharedCores:
             "index": index,
         }
 
-    def sentinels(self) -> list[int]:
-        """The engine-core processes' sentinels: one becomes ready when its process ends."""
-        return [proc.sentinel for proc in getattr(self.manager, "processes", ())]
+    def clients(self) -> list[dict[str, Any]]:
+        """:meth:`client` of every front end, by client index."""
+        return [self.client(index) for index in range(self.count)]
+
+    def pids(self) -> list[int]:
+        """The engine-core processes' pids."""
+        return [int(proc.pid) for proc in getattr(self.manager, "processes", ())]
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the engine cores (their front ends see them go)."""
@@ -87,18 +91,18 @@ def launch_shared(
     # The usage context the front ends' from_engine_args uses: it sets batch-size defaults.
     config = args.create_engine_config()
     executor_class = Executor.get_class(config)
-    # In Linux's abstract namespace ("@"), where vLLM's own paths are files in /tmp that stay
-    # behind: nothing is left on disk however the group ends.
+    # In this process's owner directory with the engine's other sockets (.ipc_directory): this
+    # user's only, removed with the owner however the group ends.
+    owner = ipc_directory.owner_directory()
     addresses = EngineZmqAddresses(
-        inputs=[f"ipc://@vllm-inline-{secrets.token_hex(12)}" for _ in range(count)],
-        outputs=[f"ipc://@vllm-inline-{secrets.token_hex(12)}" for _ in range(count)],
+        inputs=[f"ipc://{os.path.join(owner, secrets.token_hex(12))}" for _ in range(count)],
+        outputs=[f"ipc://{os.path.join(owner, secrets.token_hex(12))}" for _ in range(count)],
     )
     # The front ends' AsyncLLM logs stats when it has stat loggers: with the caller's stats on
     # (.vllm_engine.start_engine), whatever disable_log_stats says.
     log_stats = kwargs.get("disable_log_stats") is not True
     with (
         spawn_environment(environment),
-        engine_cores_forked(),
         remote_peer_deadline(options),
         launch_core_engines(config, executor_class, log_stats, addresses) as launch,
     ):

@@ -90,8 +90,32 @@ def warm_up() -> None:
         return
     environment = vllm_boot.engine_environment(cpu=True)
     environment[_GUARD_VARIABLE] = str(os.getpid())  # fork_server_guard arms in the server
-    with spawn_environment(environment):
+    with spawn_environment(environment), _socket_in_owner_directory():
         _server.ensure_running()
+
+
+@contextlib.contextmanager
+def _socket_in_owner_directory() -> Iterator[None]:
+    """While the fork server starts, multiprocessing's temporary directory of this process is
+    the owner directory of the engine's files (:mod:`.ipc_directory`): the server's socket goes
+    there, with the engine's, instead of a ``pymp-*`` directory that stays in ``/tmp`` when this
+    process is killed. The socket admits this user only, as the standard library's does."""
+    from vllm_inline.engine.seam import ipc_directory
+
+    owner = ipc_directory.owner_directory()
+    config: dict[str, Any] = cast(Any, mp_process.current_process())._config
+    saved = config.get("tempdir")
+    if owner.startswith("@"):  # no directory: multiprocessing's own place
+        yield
+        return
+    config["tempdir"] = owner
+    try:
+        yield
+    finally:
+        if saved is None:
+            config.pop("tempdir", None)
+        else:
+            config["tempdir"] = saved
 
 
 @contextlib.contextmanager
@@ -136,7 +160,7 @@ class _Popen(popen_forkserver.Popen):
             cast(Any, context).reduction.dump(process_obj, buf)
         finally:
             context.set_spawning_popen(None)
-        with _forking_lock:
+        with _forking_lock, _socket_in_owner_directory():
             self.sentinel, w = _server.connect_to_new_process(cast(Any, self)._fds)
             _parent_w = os.dup(w)  # the child's sentinel of this process: closed when it is gone
             close_fds = cast(Any, util).close_fds

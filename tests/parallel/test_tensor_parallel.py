@@ -9,8 +9,10 @@ these engines start with no environment variable set by the test.
 from __future__ import annotations
 
 import os
+import signal
 from typing import Any
 
+import psutil
 import pytest
 from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.tools import tool
@@ -84,7 +86,23 @@ def test_tensor_parallel_answers_as_one_rank(scripted, reference, layout) -> Non
     engine = s.engine
     assert engine.platform_defaults.environment == {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
     assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ  # set for the engine's processes only
+    # The ranks' CPU communicator segments have no name once both ranks joined
+    # (engine/seam/vllm_names.py): none to leave behind however the ranks end.
+    assert cpu_shm_names() == set()
+    # Ranks that cannot exit within vLLM's executor grace (stopped here; starved on a loaded
+    # host) are killed by it: raw vLLM then leaves both ranks' segments (docs/deployment.md).
+    ranks = [p for p in psutil.Process().children(recursive=True) if "Worker_TP" in p.name()]
+    assert len(ranks) == 2, ranks
+    for rank in ranks:
+        rank.send_signal(signal.SIGSTOP)
     engine.shutdown()
+    assert psutil.wait_procs(ranks, timeout=30)[1] == []
+    assert cpu_shm_names() == set()
+
+
+def cpu_shm_names() -> set[str]:
+    """vLLM's CPU communicator segments in /dev/shm now."""
+    return {name for name in os.listdir("/dev/shm") if "-cpushm_" in name}
 
 
 def test_pipeline_parallel(scripted, tmp_path_factory, before) -> None:

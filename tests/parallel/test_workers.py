@@ -25,7 +25,16 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-from processes import alive, clean_up, describe, free_port, process_tree, shm_entries, wait_gone
+from processes import (
+    alive,
+    clean_up,
+    describe,
+    free_port,
+    owner_directories,
+    process_tree,
+    shm_entries,
+    wait_gone,
+)
 
 from vllm_inline.testing import CPU_TEST_ENGINE_KWARGS, build_embedding_model, scripted_model
 from vllm_inline.workers import WORKER_HEADER
@@ -89,6 +98,14 @@ def launched(tmp_path: Path, *arguments: str, healthy: bool = True) -> Iterator[
             remove_metrics_files(child.pid)
 
 
+def _native_libraries(pid: int, needles: tuple[str, ...]) -> list[str]:
+    """The files mapped in process ``pid`` whose path holds one of ``needles`` (torch's and
+    vLLM's native libraries are mapped once they are imported)."""
+    with open(f"/proc/{pid}/maps") as maps:
+        paths = {line.split(maxsplit=5)[-1].strip() for line in maps if "/" in line}
+    return sorted(p for p in paths if any(n in p for n in needles))
+
+
 def remove_metrics_files(launcher: int) -> None:
     """The workers' metric files, which a launcher killed by SIGKILL leaves for the next one to
     sweep (vllm_inline.workers): this test's own, removed by the launcher's pid."""
@@ -138,6 +155,9 @@ def test_two_workers_answer_from_one_engine_core_per_model(
         cores = [p for p in run.look() if p.name().startswith("VLLM::EngineCore")]
         assert len(workers) == 2, describe(run.look())
         assert len(cores) == 2, describe(run.look())  # one per model, not one per worker
+        # The launcher holds neither torch nor vLLM, and no fork server runs in the group.
+        assert _native_libraries(run.child.pid, ("libtorch", "/vllm/")) == []
+        assert run.named("forkserver") == [], describe(run.look())
         body = {"model": chat.path, "messages": HELLO}
         for answer in _from_both(run, "/v1/chat/completions", body).values():
             assert answer["choices"][0]["message"]["content"] == chat.scenario.answer
@@ -176,6 +196,52 @@ def test_two_workers_answer_from_one_engine_core_per_model(
         assert run.child.wait(timeout=90) == 0, run.text()
         left, shm_left, _ = wait_gone(list(run.tree.values()), shm_entries() - before, 30)
         assert not left and not shm_left, (describe(left), shm_left)
+        assert owner_directories(run.tree) == []
+
+
+def test_sigterm_lets_a_stream_on_another_worker_finish_before_the_cores_stop(
+    scripted_root: Path, tmp_path: Path
+) -> None:
+    """The worker that started the engine cores owns them (vllm_inline.engine.life.group): on
+    SIGTERM its own stop waits until the other worker has drained, so a stream running there
+    ends as it would (finish_reason "length"), and then everything stops."""
+    chat = scripted_model("llama3", scripted_root)
+    before = shm_entries()
+    with launched(tmp_path, "--workers", "2", "--model", chat.path) as run:
+        (core,) = [p for p in run.look() if p.name().startswith("VLLM::EngineCore")]
+        owner = psutil.Process(core.ppid()).environ()["VLLMINLINE_WORKER"]
+        long = {
+            "model": chat.path,
+            "messages": HELLO,
+            "stream": True,
+            "max_tokens": 300,
+            "ignore_eos": True,
+        }
+        for _ in range(40):
+            with httpx.stream(
+                "POST", f"{run.url}/v1/chat/completions", json=long, timeout=120
+            ) as response:
+                if response.headers[WORKER_HEADER] == owner:
+                    continue  # landed on the owner: another connection
+                lines = response.iter_lines()
+                for number, _ in enumerate(lines):
+                    if number > 4:
+                        break
+                run.child.send_signal(signal.SIGTERM)
+                rest = [line for line in lines if line]
+                break
+        else:
+            raise AssertionError("no stream landed on the worker that does not own the cores")
+        finishes = [
+            choice.get("finish_reason")
+            for line in rest
+            if line.startswith("data: {")
+            for choice in json.loads(line[6:])["choices"]
+        ]
+        assert rest[-1] == "data: [DONE]" and "length" in finishes, rest[-3:]
+        assert run.child.wait(timeout=90) == 0, run.text()
+        left, shm_left, _ = wait_gone(list(run.tree.values()), shm_entries() - before, 30)
+        assert not left and not shm_left, (describe(left), shm_left)
 
 
 def test_sigkill_in_the_middle_of_a_start_leaves_nothing(
@@ -184,7 +250,7 @@ def test_sigkill_in_the_middle_of_a_start_leaves_nothing(
     chat = scripted_model("llama3", scripted_root)
     with launched(tmp_path, "--workers", "2", "--model", chat.path, healthy=False) as run:
         deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:  # the workers and the fork server importing
+        while time.monotonic() < deadline:  # the workers importing (the launcher imports no vLLM)
             run.look()
             time.sleep(0.1)
         assert len(run.look()) >= 3, run.text()
@@ -348,6 +414,8 @@ def example(tmp_path: Path, script: str, *arguments: str, end: str) -> Iterator[
                 assert "exited with status -9: stopping the group" in run.text()
             left, shm_left, _ = wait_gone(list(run.tree.values()), entries, bound)
             assert not left and not shm_left, (end, describe(left), shm_left, run.text())
+            # No engine files in /tmp either: the workers' owner directories went with them.
+            assert owner_directories(run.tree) == [], end
         finally:
             run.look()
             clean_up(run.tree.values(), shm_entries() - before)
