@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -20,6 +21,7 @@ from vllm_inline.server.guard import Guard
 from vllm_inline.server.limits import Limits
 from vllm_inline.server.models import ModelNotFoundError, ServedModel, ServedModels
 from vllm_inline.server.pooling import pooling_router
+from vllm_inline.server.responses import LazyStore, ResponseStore, open_store, responses_router
 
 __all__ = ["OpenAIServer", "create_app"]
 
@@ -45,6 +47,8 @@ class OpenAIServer:
         limits: Limits | None = None,
         reasoning_field: str = "reasoning",
         chat_page: bool = True,
+        responses_store: ResponseStore | str | os.PathLike[str] | None = None,
+        reasoning_parser: str | Mapping[str, str] | None = None,
     ) -> None:
         served = [
             ServedModel(name, engine, kind)  # type: ignore[arg-type]
@@ -63,6 +67,18 @@ class OpenAIServer:
         (vLLM 0.32), or ``reasoning_content`` for clients that read DeepSeek's name."""
         self.chat_page = chat_page
         """Serve the chat page at ``/``."""
+        self.reasoning_parser = reasoning_parser
+        """vLLM's reasoning parser for the chat models' ``/v1/responses`` answers (their
+        ``reasoning`` items), as ``vllm serve --reasoning-parser``: one name for every chat model,
+        or served names to parsers; ``None``: no reasoning items."""
+        given = responses_store
+        self.responses_store = LazyStore(
+            (lambda: given) if isinstance(given, ResponseStore) else (lambda: open_store(given))
+        )
+        """The store of ``/v1/responses`` (:mod:`vllm_inline.server.responses.store`): a store,
+        an SQLite file's path, ``":memory:"`` (one process only), or ``None`` for
+        ``$VLLMINLINE_RESPONSES_STORE``, else ``~/.cache/vllm_inline/responses.sqlite3``; opened
+        at its first use, closed with the lifespan."""
 
     @asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
@@ -75,6 +91,7 @@ class OpenAIServer:
         try:
             yield
         finally:
+            self.responses_store.close()
             for engine in started_here:
                 await asyncio.to_thread(engine.shutdown)
 
@@ -92,6 +109,9 @@ class OpenAIServer:
         app.add_exception_handler(ModelNotFoundError, not_found)
         app.include_router(chat_router(self.models, self.limits, self.reasoning_field))
         app.include_router(pooling_router(self.models, self.limits))
+        app.include_router(
+            responses_router(self.models, self.limits, self.responses_store, self.reasoning_parser)
+        )
         models = self.models
 
         @app.get("/v1/models")
