@@ -254,7 +254,10 @@ class MemoryResponseStore:
         response, messages = _encoded(stored)
         size = len(response.encode()) + len(messages.encode())
         if size > self.max_bytes:
-            msg = f"The response is {size} bytes, more than the whole store may hold."
+            msg = (
+                f"The response is {size} bytes, more than the whole store may hold "
+                f"({self.max_bytes}); raise the store's max_bytes."
+            )
             raise ValueError(msg)
         now = self._clock()
         with self._lock:
