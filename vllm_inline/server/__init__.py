@@ -1,6 +1,7 @@
 """An OpenAI-compatible server for the engines an app holds: ``/v1/chat/completions``,
-``/v1/completions``, ``/v1/embeddings``, ``/v1/rerank``, ``/v1/score``, ``/v1/models``,
-``/health``, Prometheus ``/metrics`` and a chat page at ``/``, in ``vllm serve``'s wire format.
+``/v1/completions``, ``/v1/responses`` (:mod:`.responses`), ``/v1/embeddings``, ``/v1/rerank``,
+``/v1/score``, ``/v1/models``, ``/health``, Prometheus ``/metrics`` and a chat page at ``/``, in
+``vllm serve``'s wire format.
 
 Install the extra: ``pip install 'vllm-inline[server]'`` (FastAPI and uvicorn). Then, in your own
 FastAPI app, next to your own routes, on the engines your chains use::
