@@ -289,7 +289,10 @@ BAD = {
                                      "previous_response_id"),
     "a hosted tool": ({"input": "Hi", "tools": [{"type": "web_search"}]}, 400, "body.tools.0.type"),
     "a bad temperature": ({"input": "Hi", "temperature": 7}, 400, "temperature"),
+    "a temperature that is no number": ({"input": "Hi", "temperature": "hot"}, 400,
+                                        "temperature"),
     "background": ({"input": "Hi", "background": True}, 400, "background"),
+    "reasoning that is no object": ({"input": "Hi", "reasoning": "high"}, 400, "body.reasoning"),
     "an unknown model": ({"input": "Hi", "model": "nope"}, 404, "model"),
 }  # fmt: skip
 
@@ -318,3 +321,30 @@ def test_get_and_cancel(app: App) -> None:
     assert cancel.status_code == 400  # a finished, synchronous response: vllm serve's rule
     cancel_missing = httpx.post(f"{app.url}/v1/responses/resp_nope/cancel", timeout=30)
     assert cancel_missing.status_code == 404
+
+
+def test_logprobs_and_reasoning_left_out(app: App) -> None:
+    response = app.post(
+        {"model": "llama3", "input": "Hello", "top_logprobs": 2,
+         "include": ["message.output_text.logprobs"]}
+    ).json()  # fmt: skip
+    part = response["output"][0]["content"][0]
+    expected = engine_answer(
+        app.engines["llama3"], [{"role": "user", "content": "Hello"}], logprobs=2
+    )
+    tokens = [lp.token for d in expected for lp in d.logprobs or ()]
+    assert [lp["token"] for lp in part["logprobs"]] == tokens
+    assert all(len(lp["top_logprobs"]) == 2 for lp in part["logprobs"])
+    assert response["top_logprobs"] == 2
+    events = app.events({"model": "llama3", "input": "Hello", "top_logprobs": 1,
+                         "include": ["message.output_text.logprobs"]})  # fmt: skip
+    streamed = [
+        lp for e in events if e["type"] == "response.output_text.delta" for lp in e["logprobs"]
+    ]
+    # Streamed, as vllm serve streams them: the tokens with text (not the end of turn).
+    assert [lp["token"] for lp in streamed] == [
+        lp.token for d in expected if d.text for lp in d.logprobs or ()
+    ]
+    # vLLM's include_reasoning=false: the reasoning is generated, not sent.
+    quiet = app.post({"model": "reasoning", "input": "Hi", "include_reasoning": False}).json()
+    assert [item["type"] for item in quiet["output"]] == ["message"]

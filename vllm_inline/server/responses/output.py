@@ -30,7 +30,9 @@ class OutputFold:
 
     ``include_reasoning=False`` leaves reasoning out (vLLM's extra); ``parallel_tool_calls=
     False`` keeps the first tool call only, as ``vllm serve`` filters them;
-    ``top_logprobs`` (``None``: no logprobs asked) shapes each text delta's ``logprobs``."""
+    ``top_logprobs`` (``None``: no logprobs asked) shapes each text delta's ``logprobs``;
+    ``whole``: for a whole answer, where the message's logprobs also hold tokens with no text
+    (the end of turn), as ``vllm serve`` lists them there and not in a stream."""
 
     def __init__(
         self,
@@ -38,6 +40,7 @@ class OutputFold:
         include_reasoning: bool = True,
         parallel_tool_calls: bool = True,
         top_logprobs: int | None = None,
+        whole: bool = False,
         new_id: Callable[[str], str] = _new_id,
     ) -> None:
         self.output: list[dict[str, Any]] = []
@@ -46,11 +49,12 @@ class OutputFold:
         """The engine's finish reason, once the last delta came."""
         self.usage: Usage | None = None
         """The token counts, once the last delta came."""
-        self.reasoning_tokens = 0
-        """Tokens of deltas that held only reasoning."""
+        self.reasoning = ""
+        """All the reasoning text (the route counts its tokens)."""
         self._include_reasoning = include_reasoning
         self._parallel = parallel_tool_calls
         self._top_logprobs = top_logprobs
+        self._whole = whole
         self._new_id = new_id
         self._kind: str | None = None  # "reasoning", "message" or "function_call"
         self._item: dict[str, Any] = {}
@@ -63,14 +67,16 @@ class OutputFold:
     def feed(self, delta: Delta) -> list[dict[str, Any]]:
         """The events of one delta."""
         events: list[dict[str, Any]] = []
+        if delta.reasoning:
+            self.reasoning += delta.reasoning
         if delta.reasoning and self._include_reasoning:
-            if not delta.text and not delta.tool_calls:
-                self.reasoning_tokens += len(delta.token_ids)
             events += self._to("reasoning")
             events += self._reasoning_delta(delta.reasoning)
         if delta.text:
             events += self._to("message")
             events += self._text_delta(delta)
+        elif self._whole and self._kind == "message" and delta.logprobs:
+            self._text_delta(delta)  # the end-of-turn token's logprob: in a whole answer only
         for call in delta.tool_calls:
             if not self._parallel and call.index > 0:
                 continue
@@ -238,21 +244,23 @@ class OutputFold:
 
 
 def usage_object(usage: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
-    """``vllm serve``'s Responses ``usage`` (one turn: its per-turn lists have one entry)."""
+    """``vllm serve``'s Responses ``usage`` (its per-turn lists are for its built-in tools'
+    turns: empty here, as in ``vllm serve`` without them). ``cache_write_tokens``: 0, vLLM's
+    engine reports no such count to a front end."""
     return {
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {
             "cached_tokens": usage.cached_tokens,
             "cache_write_tokens": 0,
-            "input_tokens_per_turn": [usage.prompt_tokens],
-            "cached_tokens_per_turn": [usage.cached_tokens],
+            "input_tokens_per_turn": [],
+            "cached_tokens_per_turn": [],
         },
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {
             "reasoning_tokens": reasoning_tokens,
             "tool_output_tokens": 0,
-            "output_tokens_per_turn": [usage.completion_tokens],
-            "tool_output_tokens_per_turn": [0],
+            "output_tokens_per_turn": [],
+            "tool_output_tokens_per_turn": [],
         },
         "total_tokens": usage.total_tokens,
     }
@@ -270,7 +278,8 @@ def response_object(
     usage: dict[str, Any] | None = None,
     error: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``response`` object, field by field as ``vllm serve`` sends it. ``sampling``: the
+    """The ``response`` object, field by field as ``vllm serve`` sends it (less its null fields
+    for transfers between vLLM instances, as the chat route leaves them out). ``sampling``: the
     effective ``temperature``, ``top_p``, ``max_output_tokens``, ``presence_penalty`` and
     ``frequency_penalty``. ``error`` (OpenAI's ``{"code", "message"}``) only when it failed."""
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
@@ -303,8 +312,6 @@ def response_object(
         "user": echoed["user"],
         "presence_penalty": sampling["presence_penalty"],
         "frequency_penalty": sampling["frequency_penalty"],
-        "kv_transfer_params": None,
-        "ec_transfer_params": None,
         "input_messages": None,
         "output_messages": None,
     }

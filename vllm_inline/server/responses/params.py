@@ -208,6 +208,9 @@ def engine_kwargs(body: Mapping[str, Any], tools: list[dict[str, Any]]) -> dict[
         kwargs["structured_outputs"] = structured
     if "message.output_text.logprobs" in (body.get("include") or []):
         kwargs["logprobs"] = body.get("top_logprobs") or 0
+    for name in ("chat_template_kwargs", "reasoning"):
+        if body.get(name) is not None and not isinstance(body[name], Mapping):
+            raise InvalidBodyError(f"body.{name}", "Input should be a valid dictionary")
     template_kwargs = dict(body.get("chat_template_kwargs") or {})
     effort = (body.get("reasoning") or {}).get("effort")
     if effort is not None:

@@ -72,7 +72,6 @@ class _Turn:
     def __init__(self, body: Mapping[str, Any], served: ServedModel, kwargs: dict[str, Any],
                  echoed: dict[str, Any], history: list[dict[str, Any]],
                  new: list[dict[str, Any]]) -> None:  # fmt: skip
-        self.body = body
         self.served = served
         self.echoed = echoed
         self.history = [*history, *new]
@@ -83,19 +82,31 @@ class _Turn:
             include_reasoning=body.get("include_reasoning", True) is not False,
             parallel_tool_calls=echoed["parallel_tool_calls"],
             top_logprobs=kwargs.get("logprobs"),
+            whole=not body.get("stream"),
         )
         self.sampling = _sampling(served, kwargs)
 
-    def response(self, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
+    def response(
+        self, status: str, error: dict[str, Any] | None = None, streamed: bool = True
+    ) -> dict[str, Any]:
         fold = self.fold
-        usage = usage_object(fold.usage, fold.reasoning_tokens) if fold.usage else None
+        usage = None
+        if fold.usage is not None:
+            # vLLM's reasoning parsers count the tokens between their markers; the text's own
+            # tokens are that count (the markers are not in it).
+            tokenizer = self.served.engine.tokenizer
+            reasoning = len(tokenizer.encode(fold.reasoning, add_special_tokens=False))
+            usage = usage_object(fold.usage, reasoning if fold.reasoning else 0)
+        output = list(fold.output) if status != "in_progress" else []
+        if not streamed:  # as vllm serve builds a whole answer: a reasoning item has no status
+            output = [{**i, "status": None} if i["type"] == "reasoning" else i for i in output]
         return response_object(
             response_id=self.id,
             created_at=self.created_at,
             model=self.served.name,
             echoed=self.echoed,
             sampling=self.sampling,
-            output=list(fold.output) if status != "in_progress" else [],
+            output=output,
             status=status,
             usage=usage if status != "in_progress" else None,
             error=error,
@@ -125,9 +136,10 @@ def _sampling(served: ServedModel, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         if kwargs.get(key) is not None:
             layered[key] = kwargs[key]
     max_tokens = kwargs.get("max_tokens") or DEFAULTS["max_tokens"]
+    greedy = float(layered["temperature"]) < 1e-5  # vLLM's SamplingParams then sets top_p 1
     return {
         "temperature": float(layered["temperature"]),
-        "top_p": float(layered["top_p"]),
+        "top_p": 1.0 if greedy else float(layered["top_p"]),
         "presence_penalty": float(layered["presence_penalty"]),
         "frequency_penalty": float(layered["frequency_penalty"]),
         "max_output_tokens": int(max_tokens),
@@ -189,11 +201,11 @@ def responses_router(
         if parser is not None:
             kwargs["reasoning_parser"] = parser
         messages, new = conversation(body.get("input"), body.get("instructions"), history)
-        turn = _Turn(body, served, kwargs, echoed_fields(body, kwargs), history, new)
-        try:
+        try:  # the engine checks the values here, before any work
             deltas = served.engine.astream(messages, **kwargs)
         except BadRequestError as e:
             raise _input_named(e) from None
+        turn = _Turn(body, served, kwargs, echoed_fields(body, kwargs), history, new)
         if not body.get("stream"):
             return await _whole(request, turn, deltas, store)
         try:
@@ -243,7 +255,7 @@ async def _whole(
         raise _input_named(e) from None
     if done is None:
         return Response(status_code=499)  # nobody is listening any more
-    response = turn.response(turn.status())
+    response = turn.response(turn.status(), streamed=False)
     await turn.keep(store, response)
     return JSONResponse(response)
 
