@@ -55,8 +55,9 @@ def test_one_worker_writes_another_reads_and_the_file_outlives_both(tmp_path: Pa
     again = SQLiteResponseStore(path)  # the launcher restarted
     assert again.get("resp_1") == stored("resp_1")
     assert again.path == path
-    journal = sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()
-    assert journal == ("wal",)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    db.close()
     again.close()
 
 
@@ -124,7 +125,7 @@ for k in range(count):
 
 def writer(path: Path, name: str, count: int, size: int) -> subprocess.Popen[str]:
     command = [sys.executable, "-c", WRITER, str(path), name, str(count), str(size)]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def whole(path: Path) -> dict[str, dict[str, Any]]:
@@ -147,9 +148,9 @@ def test_writers_in_several_processes_at_once(tmp_path: Path) -> None:
     path = tmp_path / "store.sqlite3"
     SQLiteResponseStore(path).close()  # the schema first, so the writers only write
     writers = [writer(path, name, 40, 1000) for name in ("a", "b", "c")]
-    outs = [w.communicate(timeout=120)[0].split() for w in writers]
-    assert [w.returncode for w in writers] == [0, 0, 0]
-    written = {rid for out in outs for rid in out if rid != "ready"}
+    outs = [w.communicate(timeout=120) for w in writers]
+    assert [w.returncode for w in writers] == [0, 0, 0], [err for _, err in outs]
+    written = {rid for out, _ in outs for rid in out.split() if rid != "ready"}
     assert len(written) == 120
     assert set(whole(path)) == written
 
@@ -159,13 +160,14 @@ def test_a_writer_killed_mid_write_leaves_nothing_half_written(tmp_path: Path) -
     SQLiteResponseStore(path).close()
     child = writer(path, "k", 10_000, 200_000)  # ~0.4 MB a response: a write takes a while
     assert child.stdout is not None
-    assert child.stdout.readline().strip() == "ready"
-    committed = [child.stdout.readline().strip() for _ in range(3)]
+    lines = [child.stdout.readline().strip() for _ in range(4)]  # "ready", then 3 written
     time.sleep(0.05)
     child.send_signal(signal.SIGKILL)
-    rest, _ = child.communicate(timeout=30)
-    assert child.returncode == -signal.SIGKILL
-    committed += rest.split()
+    rest, err = child.communicate(timeout=30)
+    assert child.returncode == -signal.SIGKILL, (lines, err)
+    assert lines[0] == "ready", (lines, err)
+    committed = [*lines[1:], *rest.split()]
     found = whole(path)
-    assert set(committed) <= set(found)  # every write it finished is there, whole
-    assert len(found) <= len(committed) + 1  # and at most the one it was in, whole too
+    # Every write it finished is there, whole; at most the one it was in besides, whole too.
+    assert set(committed) <= set(found), (committed, sorted(found))
+    assert len(found) <= len(committed) + 1, (committed, sorted(found))
