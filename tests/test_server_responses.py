@@ -20,7 +20,7 @@ import openai
 import pytest
 from serving import serving
 
-from vllm_inline.engine import Delta, Engine
+from vllm_inline.engine import Delta, Engine, start_engines
 from vllm_inline.server import OpenAIServer
 from vllm_inline.server.responses import SQLiteResponseStore
 
@@ -87,6 +87,9 @@ def app(scripted: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[App
         "tools": scripted("chatml_tools").engine,
         "reasoning": scripted("chatml_reasoning").engine,
     }
+    # Started here, not by the server's lifespan, which would stop them with the module: they
+    # are the suite's shared engines (stopped at the session's end).
+    start_engines(*engines.values())
     store = SQLiteResponseStore(tmp_path_factory.mktemp("responses") / "store.sqlite3")
     server = OpenAIServer(
         chat=engines, responses_store=store, reasoning_parser={"reasoning": "qwen3"}

@@ -22,7 +22,7 @@ import openai
 import pytest
 from serving import serving
 
-from vllm_inline.engine import Engine
+from vllm_inline.engine import Engine, start_engines
 from vllm_inline.server import OpenAIServer
 from vllm_inline.server.responses import MemoryResponseStore
 
@@ -60,6 +60,9 @@ def app(scripted: Any) -> Iterator[App]:
         "tools": scripted("chatml_tools").engine,
         "reasoning": scripted("chatml_reasoning").engine,
     }
+    # Started here, not by the server's lifespan, which would stop them with the module: they
+    # are the suite's shared engines (stopped at the session's end).
+    start_engines(*engines.values())
     server = OpenAIServer(
         chat=engines,
         responses_store=MemoryResponseStore(),  # one process: nothing on disk
