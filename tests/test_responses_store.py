@@ -31,8 +31,15 @@ from vllm_inline.server.responses import (
 from vllm_inline.server.responses.store import default_store_path
 
 
-def stored(response_id: str, text: str = "The answer is complete.") -> StoredResponse:
-    response = {"id": response_id, "object": "response", "output": [{"text": text}]}
+def stored(
+    response_id: str, text: str = "The answer is complete.", status: str = "completed"
+) -> StoredResponse:
+    response = {
+        "id": response_id,
+        "object": "response",
+        "status": status,
+        "output": [{"text": text}],
+    }
     return StoredResponse(response, [{"role": "assistant", "content": text}])
 
 
@@ -91,6 +98,36 @@ def test_expiry_and_the_size_limit(tmp_path: Path, kind: str) -> None:
     store.close()
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+def test_cancel_marks_a_running_response_and_its_end_is_not_written(
+    tmp_path: Path, kind: str
+) -> None:
+    """What a cancel on one worker and the end of the response on another do, in either order."""
+    store = (
+        SQLiteResponseStore(tmp_path / "s.sqlite3") if kind == "sqlite" else MemoryResponseStore()
+    )
+    store.put(stored("resp_1", "", status="queued"))
+    assert store.status("resp_1") == "queued"
+    cancelled = store.cancel("resp_1")
+    assert cancelled is not None and cancelled.response["status"] == "cancelled"
+    assert not store.put(stored("resp_1"), keep_cancelled=True)  # the end comes after
+    assert store.status("resp_1") == "cancelled"
+    store.put(stored("resp_2"))  # finished: a cancel changes nothing
+    got = store.cancel("resp_2")
+    assert got is not None and got.response["status"] == "completed"
+    assert store.cancel("resp_nope") is None and store.status("resp_nope") is None
+    store.close()
+
+
+def test_a_file_of_another_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version=99")
+    db.close()
+    with pytest.raises(ValueError, match="another vllm-inline version"):
+        SQLiteResponseStore(path)
+
+
 def test_limits_are_checked() -> None:
     with pytest.raises(ValueError, match="max_bytes=0"):
         MemoryResponseStore(max_bytes=0)
@@ -118,7 +155,8 @@ print("ready", flush=True)
 for k in range(count):
     rid = f"resp_{name}_{k}"
     text = str(k) * size
-    store.put(StoredResponse({"id": rid, "text": text}, [{"role": "assistant", "content": text}]))
+    response = {"id": rid, "status": "completed", "text": text}
+    store.put(StoredResponse(response, [{"role": "assistant", "content": text}]))
     print(rid, flush=True)
 """
 

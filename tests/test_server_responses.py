@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -294,7 +295,6 @@ BAD = {
     "a bad temperature": ({"input": "Hi", "temperature": 7}, 400, "temperature"),
     "a temperature that is no number": ({"input": "Hi", "temperature": "hot"}, 400,
                                         "temperature"),
-    "background": ({"input": "Hi", "background": True}, 400, "background"),
     "reasoning that is no object": ({"input": "Hi", "reasoning": "high"}, 400, "body.reasoning"),
     "an unknown model": ({"input": "Hi", "model": "nope"}, 404, "model"),
 }  # fmt: skip
@@ -321,33 +321,41 @@ def test_get_and_cancel(app: App) -> None:
     missing = httpx.get(f"{app.url}/v1/responses/resp_nope", timeout=30)
     assert missing.status_code == 404 and missing.json()["error"]["param"] == "response_id"
     cancel = httpx.post(f"{app.url}/v1/responses/{response.id}/cancel", timeout=30)
-    assert cancel.status_code == 400  # a finished, synchronous response: vllm serve's rule
+    assert cancel.status_code == 400  # a finished response: vllm serve's rule
     cancel_missing = httpx.post(f"{app.url}/v1/responses/resp_nope/cancel", timeout=30)
     assert cancel_missing.status_code == 404
 
 
-def test_logprobs_and_reasoning_left_out(app: App) -> None:
-    response = app.post(
-        {"model": "llama3", "input": "Hello", "top_logprobs": 2,
-         "include": ["message.output_text.logprobs"]}
-    ).json()  # fmt: skip
-    part = response["output"][0]["content"][0]
-    expected = engine_answer(
-        app.engines["llama3"], [{"role": "user", "content": "Hello"}], logprobs=2
-    )
-    tokens = [lp.token for d in expected for lp in d.logprobs or ()]
-    assert [lp["token"] for lp in part["logprobs"]] == tokens
-    assert all(len(lp["top_logprobs"]) == 2 for lp in part["logprobs"])
-    assert response["top_logprobs"] == 2
-    events = app.events({"model": "llama3", "input": "Hello", "top_logprobs": 1,
-                         "include": ["message.output_text.logprobs"]})  # fmt: skip
-    streamed = [
-        lp for e in events if e["type"] == "response.output_text.delta" for lp in e["logprobs"]
-    ]
-    # Streamed, as vllm serve streams them: the tokens with text (not the end of turn).
-    assert [lp["token"] for lp in streamed] == [
-        lp.token for d in expected if d.text for lp in d.logprobs or ()
-    ]
-    # vLLM's include_reasoning=false: the reasoning is generated, not sent.
-    quiet = app.post({"model": "reasoning", "input": "Hi", "include_reasoning": False}).json()
-    assert [item["type"] for item in quiet["output"]] == ["message"]
+def wait_for(app: App, response_id: str, statuses: tuple[str, ...]) -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while True:
+        got = httpx.get(f"{app.url}/v1/responses/{response_id}", timeout=30).json()
+        if got["status"] in statuses or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
+def test_background_responses_and_cancel(app: App) -> None:
+    queued = app.client.responses.create(model="llama3", input="Hello", background=True)
+    assert queued.status == "queued" and queued.background and queued.output == []
+    done = wait_for(app, queued.id, ("completed",))
+    assert done["status"] == "completed" and done["background"] is True
+    assert done["output"][0]["content"][0]["text"] == "The answer is complete."
+    # A long one (the script's invented turns, to the end of the context), cancelled.
+    long = {"model": "llama3", "input": "Hello", "background": True, "ignore_eos": True,
+            "max_output_tokens": 400}  # fmt: skip
+    running = app.post(long).json()
+    cancelled = httpx.post(f"{app.url}/v1/responses/{running['id']}/cancel", timeout=30)
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    time.sleep(1.0)  # its end, had it run on, would have been written by now
+    assert wait_for(app, running["id"], ("cancelled",))["status"] == "cancelled"
+    again = httpx.post(f"{app.url}/v1/responses/{running['id']}/cancel", timeout=30)
+    assert again.status_code == 400
+    deadline = time.monotonic() + 10
+    while app.engines["llama3"].num_unfinished_requests() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert app.engines["llama3"].num_unfinished_requests() == 0  # aborted in vLLM
+    for body, why in (({"stream": True}, "stream"), ({"store": False}, "store")):
+        refused = app.post({"model": "llama3", "input": "Hi", "background": True, **body})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "background"
+        assert why in refused.json()["error"]["message"]

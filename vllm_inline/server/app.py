@@ -21,7 +21,13 @@ from vllm_inline.server.guard import Guard
 from vllm_inline.server.limits import Limits
 from vllm_inline.server.models import ModelNotFoundError, ServedModel, ServedModels
 from vllm_inline.server.pooling import pooling_router
-from vllm_inline.server.responses import LazyStore, ResponseStore, open_store, responses_router
+from vllm_inline.server.responses import (
+    BackgroundResponses,
+    LazyStore,
+    ResponseStore,
+    open_store,
+    responses_router,
+)
 
 __all__ = ["OpenAIServer", "create_app"]
 
@@ -79,6 +85,8 @@ class OpenAIServer:
         an SQLite file's path, ``":memory:"`` (one process only), or ``None`` for
         ``$VLLMINLINE_RESPONSES_STORE``, else ``~/.cache/vllm_inline/responses.sqlite3``; opened
         at its first use, closed with the lifespan."""
+        self.background_responses = BackgroundResponses(self.responses_store)
+        """The ``background: true`` responses this process runs (cancelled with the lifespan)."""
 
     @asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
@@ -91,6 +99,7 @@ class OpenAIServer:
         try:
             yield
         finally:
+            await self.background_responses.close()
             self.responses_store.close()
             for engine in started_here:
                 await asyncio.to_thread(engine.shutdown)
@@ -110,7 +119,13 @@ class OpenAIServer:
         app.include_router(chat_router(self.models, self.limits, self.reasoning_field))
         app.include_router(pooling_router(self.models, self.limits))
         app.include_router(
-            responses_router(self.models, self.limits, self.responses_store, self.reasoning_parser)
+            responses_router(
+                self.models,
+                self.limits,
+                self.responses_store,
+                self.background_responses,
+                self.reasoning_parser,
+            )
         )
         models = self.models
 

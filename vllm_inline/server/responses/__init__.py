@@ -5,8 +5,10 @@ three routes, :mod:`.store` keeps responses for ``previous_response_id`` across 
 (SQLite by default). ``OpenAIServer.install`` adds the routes; docs/server.md says what each
 field does."""
 
-from vllm_inline.server.responses.route import LazyStore, responses_router
+from vllm_inline.server.responses.background import BackgroundResponses
+from vllm_inline.server.responses.route import responses_router
 from vllm_inline.server.responses.store import (
+    CANCELLABLE,
     DEFAULT_MAX_BYTES,
     DEFAULT_TTL_SECONDS,
     MEMORY,
@@ -18,12 +20,15 @@ from vllm_inline.server.responses.store import (
     default_store_path,
     open_store,
 )
+from vllm_inline.server.responses.turn import LazyStore
 
 __all__ = [
+    "CANCELLABLE",
     "DEFAULT_MAX_BYTES",
     "DEFAULT_TTL_SECONDS",
     "MEMORY",
     "STORE_VARIABLE",
+    "BackgroundResponses",
     "LazyStore",
     "MemoryResponseStore",
     "ResponseStore",

@@ -297,7 +297,7 @@ def response_object(
         "tool_choice": echoed["tool_choice"],
         "tools": echoed["tools"],
         "top_p": sampling["top_p"],
-        "background": False,
+        "background": echoed["background"],
         "max_output_tokens": sampling["max_output_tokens"],
         "max_tool_calls": echoed["max_tool_calls"],
         "previous_response_id": echoed["previous_response_id"],

@@ -8,8 +8,8 @@ sampling extras), with its meanings: ``max_output_tokens`` is ``max_tokens``; ``
 tools (``{"type": "function", "name": ...}``) become chat tools; ``reasoning.effort`` reaches the
 chat template as ``reasoning_effort`` and ``enable_thinking``; ``include`` with
 ``message.output_text.logprobs`` asks for ``top_logprobs`` alternatives. What this package
-cannot honour is refused with a 400 naming the field (``background``, ``prompt``,
-``conversation``, ``truncation: "auto"``, hosted tools); a field neither knows is ignored with
+cannot honour is refused with a 400 naming the field (``background`` with ``stream``,
+``prompt``, ``conversation``, ``truncation: "auto"``, hosted tools); a field neither knows is ignored with
 one warning line, as ``vllm serve`` ignores it.
 """
 
@@ -164,8 +164,15 @@ def _structured_outputs(body: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def _refuse_what_is_not_served(body: Mapping[str, Any]) -> None:
+    if body.get("background") and body.get("store") is False:
+        raise BadRequestError.invalid(
+            "background", True, "background can only be used when `store` is true"
+        )
+    if body.get("background") and body.get("stream"):
+        raise BadRequestError.invalid(
+            "background", True, "not with stream on vllm-inline: poll GET /v1/responses/{id}"
+        )
     for name, why in (
-        ("background", "background responses are not supported by vllm-inline; leave it false"),
         ("prompt", "prompt templates are not supported (as in vllm serve)"),
         ("conversation", "the Conversations API is not served; use previous_response_id"),
     ):
@@ -264,6 +271,7 @@ def echoed_fields(body: Mapping[str, Any], kwargs: Mapping[str, Any]) -> dict[st
         "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False,
         "tool_choice": choice,
         "tools": tools,
+        "background": bool(body.get("background")),
         "max_tool_calls": body.get("max_tool_calls"),
         "previous_response_id": body.get("previous_response_id"),
         "prompt": None,

@@ -15,9 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
-import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from typing import Any
@@ -29,121 +26,19 @@ from vllm_inline.engine import DEFAULTS, BadRequestError, Delta, VLLMInlineError
 from vllm_inline.server.chat import read_body, until_disconnect
 from vllm_inline.server.errors import error_response, status_of
 from vllm_inline.server.limits import Limits
-from vllm_inline.server.models import ServedModel, ServedModels
-from vllm_inline.server.responses.inputs import conversation, output_messages
-from vllm_inline.server.responses.output import OutputFold, response_object, usage_object
+from vllm_inline.server.models import ServedModels
+from vllm_inline.server.responses.background import BackgroundResponses
+from vllm_inline.server.responses.inputs import conversation
 from vllm_inline.server.responses.params import echoed_fields, engine_kwargs, function_tools
-from vllm_inline.server.responses.store import ResponseStore, StoredResponse
+from vllm_inline.server.responses.store import CANCELLABLE, ResponseStore
+from vllm_inline.server.responses.turn import Turn
 
-__all__ = ["LazyStore", "responses_router"]
+__all__ = ["responses_router"]
 
 logger = logging.getLogger("vllm_inline")
 
 _NOT_FOUND = "invalid_request_error"
 """The ``type`` of ``vllm serve``'s 404 for an unknown response id (OpenAI's too)."""
-
-
-class LazyStore:
-    """The store, opened at the first request that needs it (a server that never serves
-    ``/v1/responses`` writes no file)."""
-
-    def __init__(self, opener: Callable[[], ResponseStore]) -> None:
-        self._opener = opener
-        self._store: ResponseStore | None = None
-        self._lock = threading.Lock()
-
-    def __call__(self) -> ResponseStore:
-        with self._lock:
-            if self._store is None:
-                self._store = self._opener()
-            return self._store
-
-    def close(self) -> None:
-        """Close the store if it was opened."""
-        with self._lock:
-            if self._store is not None:
-                self._store.close()
-                self._store = None
-
-
-class _Turn:
-    """One request's state: the fold, the response object's fields, what to store."""
-
-    def __init__(self, body: Mapping[str, Any], served: ServedModel, kwargs: dict[str, Any],
-                 echoed: dict[str, Any], history: list[dict[str, Any]],
-                 new: list[dict[str, Any]]) -> None:  # fmt: skip
-        self.served = served
-        self.echoed = echoed
-        self.history = [*history, *new]
-        self.id = f"resp_{uuid.uuid4().hex}"
-        self.created_at = int(time.time())
-        self.store = body.get("store", True) is not False
-        self.fold = OutputFold(
-            include_reasoning=body.get("include_reasoning", True) is not False,
-            parallel_tool_calls=echoed["parallel_tool_calls"],
-            top_logprobs=kwargs.get("logprobs"),
-            whole=not body.get("stream"),
-        )
-        self.sampling = _sampling(served, kwargs)
-
-    def response(
-        self, status: str, error: dict[str, Any] | None = None, streamed: bool = True
-    ) -> dict[str, Any]:
-        fold = self.fold
-        usage = None
-        if fold.usage is not None:
-            # vLLM's reasoning parsers count the tokens between their markers; the text's own
-            # tokens are that count (the markers are not in it).
-            tokenizer = self.served.engine.tokenizer
-            reasoning = len(tokenizer.encode(fold.reasoning, add_special_tokens=False))
-            usage = usage_object(fold.usage, reasoning if fold.reasoning else 0)
-        output = list(fold.output) if status != "in_progress" else []
-        if not streamed:  # as vllm serve builds a whole answer: a reasoning item has no status
-            output = [{**i, "status": None} if i["type"] == "reasoning" else i for i in output]
-        return response_object(
-            response_id=self.id,
-            created_at=self.created_at,
-            model=self.served.name,
-            echoed=self.echoed,
-            sampling=self.sampling,
-            output=output,
-            status=status,
-            usage=usage if status != "in_progress" else None,
-            error=error,
-        )
-
-    def status(self) -> str:
-        return "incomplete" if self.fold.finish_reason == "length" else "completed"
-
-    async def keep(self, store: Callable[[], ResponseStore], response: dict[str, Any]) -> None:
-        if not self.store:
-            return
-        messages = [*self.history, *output_messages(response["output"])]
-        try:
-            await asyncio.to_thread(lambda: store().put(StoredResponse(response, messages)))
-        except ValueError as e:  # larger than the whole store: answered, not kept
-            logger.warning("Response %s not stored: %s", self.id, e)
-
-
-def _sampling(served: ServedModel, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The sampling values a response reports: the request's, else the model's
-    ``generation_config``, else vLLM's defaults; ``max_output_tokens`` the request's, else the
-    engine's default cap."""
-    defaults = served.engine.runtime.model_defaults if served.engine.started else {}
-    layered = {"temperature": 1.0, "top_p": 1.0, "presence_penalty": 0.0,
-               "frequency_penalty": 0.0, **defaults}  # fmt: skip
-    for key in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
-        if kwargs.get(key) is not None:
-            layered[key] = kwargs[key]
-    max_tokens = kwargs.get("max_tokens") or DEFAULTS["max_tokens"]
-    greedy = float(layered["temperature"]) < 1e-5  # vLLM's SamplingParams then sets top_p 1
-    return {
-        "temperature": float(layered["temperature"]),
-        "top_p": 1.0 if greedy else float(layered["top_p"]),
-        "presence_penalty": float(layered["presence_penalty"]),
-        "frequency_penalty": float(layered["frequency_penalty"]),
-        "max_output_tokens": int(max_tokens),
-    }
 
 
 def _not_found(response_id: str, param: str) -> JSONResponse:
@@ -165,11 +60,12 @@ def responses_router(
     models: ServedModels,
     limits: Limits,
     store: Callable[[], ResponseStore],
+    background: BackgroundResponses,
     reasoning_parser: str | Mapping[str, str] | None = None,
 ) -> APIRouter:
-    """The Responses routes for the chat models of ``models``, keeping responses in ``store()``;
-    ``reasoning_parser``: vLLM's parser that makes reasoning items (one name, or by served
-    model name)."""
+    """The Responses routes for the chat models of ``models``, keeping responses in ``store()``
+    and running background ones in ``background``; ``reasoning_parser``: vLLM's parser that
+    makes reasoning items (one name, or by served model name)."""
     router = APIRouter()
 
     @router.post("/v1/responses")
@@ -205,7 +101,12 @@ def responses_router(
             deltas = served.engine.astream(messages, **kwargs)
         except BadRequestError as e:
             raise _input_named(e) from None
-        turn = _Turn(body, served, kwargs, echoed_fields(body, kwargs), history, new)
+        turn = Turn(body, served, kwargs, echoed_fields(body, kwargs), history, new)
+        if body.get("background"):
+            queued = turn.response("queued", streamed=False)
+            await turn.keep(store, queued)
+            background.start(turn, deltas)
+            return JSONResponse(queued)
         if not body.get("stream"):
             return await _whole(request, turn, deltas, store)
         try:
@@ -227,20 +128,25 @@ def responses_router(
 
     @router.post("/v1/responses/{response_id}/cancel")
     async def cancel(response_id: str) -> Response:
-        # Only a background response can be cancelled (vllm serve's rule), and this server
-        # runs none: a stored response is finished.
+        """A background response still queued or running is marked ``cancelled`` in the
+        store, which its worker (any) sees; another is refused, as ``vllm serve`` refuses it."""
         stored = await asyncio.to_thread(lambda: store().get(response_id))
         if stored is None:
             return _not_found(response_id, "response_id")
-        return error_response(
-            400, "Cannot cancel a synchronous response.", "response_id", _NOT_FOUND
-        )
+        if stored.response["status"] in CANCELLABLE:
+            stored = await asyncio.to_thread(lambda: store().cancel(response_id))
+            background.cancel(response_id)
+            if stored is not None and stored.response["status"] == "cancelled":
+                return JSONResponse(stored.response)
+        # Finished, or cancelled before: nothing to cancel.
+        message = "Cannot cancel a synchronous response."
+        return error_response(400, message, "response_id", _NOT_FOUND)
 
     return router
 
 
 async def _whole(
-    request: Request, turn: _Turn, deltas: AsyncIterator[Delta], store: Callable[[], ResponseStore]
+    request: Request, turn: Turn, deltas: AsyncIterator[Delta], store: Callable[[], ResponseStore]
 ) -> Response:
     async def run() -> bool:
         async with aclosing(deltas):  # type: ignore[type-var]
@@ -261,7 +167,7 @@ async def _whole(
 
 
 async def _events(
-    turn: _Turn, first: Delta, deltas: AsyncIterator[Delta], store: Callable[[], ResponseStore]
+    turn: Turn, first: Delta, deltas: AsyncIterator[Delta], store: Callable[[], ResponseStore]
 ) -> AsyncIterator[str]:
     """The SSE events: ``response.created`` and ``response.in_progress``, each delta's, the last
     item's ``done``, then ``response.completed`` (or ``.incomplete``), each with its

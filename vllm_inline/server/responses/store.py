@@ -17,6 +17,7 @@ first request that needs it, so a server that never serves ``/v1/responses`` wri
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -24,11 +25,12 @@ import pathlib
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
+    "CANCELLABLE",
     "DEFAULT_MAX_BYTES",
     "DEFAULT_TTL_SECONDS",
     "MEMORY",
@@ -54,6 +56,8 @@ its whole conversation (at most the model's context, ~4 bytes a token: ~0.5 MiB 
 tokens), so this keeps hundreds of long agent conversations, many thousands of short ones."""
 DEFAULT_TTL_SECONDS = 30 * 24 * 3600.0
 """30 days, as OpenAI keeps stored responses; older ones are deleted."""
+CANCELLABLE = ("queued", "in_progress")
+"""The statuses of a background response that ``cancel`` can still stop."""
 
 
 @dataclass(frozen=True)
@@ -72,11 +76,19 @@ class StoredResponse:
 class ResponseStore(Protocol):
     """Where responses are kept (all methods blocking: the route calls them in a thread)."""
 
-    def put(self, stored: StoredResponse) -> None:
-        """Keep ``stored`` under its response's ``id`` (replacing one with that id)."""
+    def put(self, stored: StoredResponse, *, keep_cancelled: bool = False) -> bool:
+        """Keep ``stored`` under its response's ``id``, replacing one with that id, unless
+        ``keep_cancelled`` and that one was cancelled (then ``False``, nothing written)."""
 
     def get(self, response_id: str) -> StoredResponse | None:
         """The stored response, or ``None`` (never stored, expired or evicted)."""
+
+    def cancel(self, response_id: str) -> StoredResponse | None:
+        """Mark a ``queued`` or ``in_progress`` response ``cancelled`` and return it as it is
+        now (whatever its status; ``None``: not stored)."""
+
+    def status(self, response_id: str) -> str | None:
+        """The stored response's ``status`` (``None``: not stored): a cheap poll."""
 
     def close(self) -> None:
         """Release the store's resources."""
@@ -115,12 +127,26 @@ def _encoded(stored: StoredResponse) -> tuple[str, str]:
     return json.dumps(stored.response), json.dumps(stored.messages)
 
 
+def _checked_size(response: str, messages: str, max_bytes: int) -> int:
+    size = len(response.encode()) + len(messages.encode())
+    if size > max_bytes:
+        msg = (
+            f"The response is {size} bytes, more than the whole store may hold "
+            f"({max_bytes}); raise the store's max_bytes."
+        )
+        raise ValueError(msg)
+    return size
+
+
+_SCHEMA_VERSION = 1
+"""``PRAGMA user_version`` of the file this code writes."""
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
     id TEXT PRIMARY KEY,
     stored_at REAL NOT NULL,
     expires_at REAL NOT NULL,
     bytes INTEGER NOT NULL,
+    status TEXT NOT NULL,
     response TEXT NOT NULL,
     messages TEXT NOT NULL
 );
@@ -167,33 +193,76 @@ class SQLiteResponseStore:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA busy_timeout=30000")
             self._db.executescript(_SCHEMA)
-
-    def put(self, stored: StoredResponse) -> None:
-        response, messages = _encoded(stored)
-        size = len(response.encode()) + len(messages.encode())
-        if size > self.max_bytes:
-            msg = (
-                f"The response is {size} bytes, more than the whole store may hold "
-                f"({self.max_bytes}); raise the store's max_bytes."
-            )
-            raise ValueError(msg)
-        now = self._clock()
-        with self._lock:
-            # One transaction per response: the expired ones out, this one in, the oldest out
-            # while over the limit. BEGIN IMMEDIATE takes the write lock first, so two workers'
-            # evictions never interleave.
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.execute("DELETE FROM responses WHERE expires_at <= ?", (now,))
-                self._db.execute(
-                    "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)",
-                    (stored.response["id"], now, now + self.ttl_seconds, size, response, messages),
+            (version,) = self._db.execute("PRAGMA user_version").fetchone()
+            if version not in (0, _SCHEMA_VERSION):
+                self._db.close()
+                msg = (
+                    f"{self.path} holds responses of another vllm-inline version (schema "
+                    f"{version}, this one reads {_SCHEMA_VERSION}): move it away or name "
+                    "another file."
                 )
-                self._evict(self._db)
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+                raise ValueError(msg)
+            self._db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+
+    def put(self, stored: StoredResponse, *, keep_cancelled: bool = False) -> bool:
+        response, messages = _encoded(stored)
+        size = _checked_size(response, messages, self.max_bytes)
+        now = self._clock()
+        with self._lock, self._transaction() as db:
+            # One transaction per response: the expired ones out, this one in, the oldest out
+            # while over the limit.
+            if keep_cancelled and self._status(db, stored.response["id"], now) == "cancelled":
+                return False
+            db.execute("DELETE FROM responses WHERE expires_at <= ?", (now,))
+            db.execute(
+                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (stored.response["id"], now, now + self.ttl_seconds, size,
+                 stored.response["status"], response, messages),
+            )  # fmt: skip
+            self._evict(db)
+        return True
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE (the write lock first, so two workers' read-then-write never
+        interleave), COMMIT, or ROLLBACK on any error."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _status(self, db: sqlite3.Connection, response_id: str, now: float) -> str | None:
+        row = db.execute(
+            "SELECT status FROM responses WHERE id = ? AND expires_at > ?", (response_id, now)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def status(self, response_id: str) -> str | None:
+        """The stored response's ``status`` (``None``: not stored): a cheap poll."""
+        with self._lock:
+            return self._status(self._db, response_id, self._clock())
+
+    def cancel(self, response_id: str) -> StoredResponse | None:
+        now = self._clock()
+        with self._lock, self._transaction() as db:
+            row = db.execute(
+                "SELECT response, messages FROM responses WHERE id = ? AND expires_at > ?",
+                (response_id, now),
+            ).fetchone()
+            if row is None:
+                return None
+            stored = StoredResponse(json.loads(row[0]), json.loads(row[1]))
+            if stored.response["status"] not in CANCELLABLE:
+                return stored
+            stored.response["status"] = "cancelled"
+            db.execute(
+                "UPDATE responses SET status = 'cancelled', response = ? WHERE id = ?",
+                (json.dumps(stored.response), response_id),
+            )
+        return stored
 
     def _evict(self, db: sqlite3.Connection) -> None:
         (total,) = db.execute("SELECT COALESCE(SUM(bytes), 0) FROM responses").fetchone()
@@ -250,25 +319,40 @@ class MemoryResponseStore:
         self._lock = threading.Lock()
         self._items: dict[str, tuple[float, int, str, str]] = {}  # insertion order: oldest first
 
-    def put(self, stored: StoredResponse) -> None:
+    def put(self, stored: StoredResponse, *, keep_cancelled: bool = False) -> bool:
         response, messages = _encoded(stored)
-        size = len(response.encode()) + len(messages.encode())
-        if size > self.max_bytes:
-            msg = (
-                f"The response is {size} bytes, more than the whole store may hold "
-                f"({self.max_bytes}); raise the store's max_bytes."
-            )
-            raise ValueError(msg)
+        size = _checked_size(response, messages, self.max_bytes)
         now = self._clock()
+        rid = stored.response["id"]
         with self._lock:
             for key in [k for k, v in self._items.items() if v[0] <= now]:
                 del self._items[key]
-            self._items.pop(stored.response["id"], None)
-            self._items[stored.response["id"]] = (now + self.ttl_seconds, size, response, messages)
+            was = self._items.get(rid)
+            if keep_cancelled and was and json.loads(was[2])["status"] == "cancelled":
+                return False
+            self._items.pop(rid, None)
+            self._items[rid] = (now + self.ttl_seconds, size, response, messages)
             total = sum(v[1] for v in self._items.values())
             while total > self.max_bytes:
                 oldest = next(iter(self._items))
                 total -= self._items.pop(oldest)[1]
+        return True
+
+    def status(self, response_id: str) -> str | None:
+        """The stored response's ``status`` (``None``: not stored)."""
+        got = self.get(response_id)
+        return None if got is None else str(got.response["status"])
+
+    def cancel(self, response_id: str) -> StoredResponse | None:
+        with self._lock:
+            item = self._items.get(response_id)
+            if item is None or item[0] <= self._clock():
+                return None
+            stored = StoredResponse(json.loads(item[2]), json.loads(item[3]))
+            if stored.response["status"] in CANCELLABLE:
+                stored.response["status"] = "cancelled"
+                self._items[response_id] = (item[0], item[1], json.dumps(stored.response), item[3])
+        return stored
 
     def get(self, response_id: str) -> StoredResponse | None:
         with self._lock:
