@@ -300,3 +300,21 @@ def test_get_and_cancel(pairs: dict[str, Pair]) -> None:
         for side, answer in (("vllm", vllm), ("ours", ours))
     ]  # fmt: skip
     assert statuses[0] == statuses[1] == (404, 400)
+
+
+def test_background(pairs: dict[str, Pair]) -> None:
+    pair = pairs["chat"]
+    body = {"input": "Hello", "background": True}
+    queued = pair.both(body)
+    assert_same_response(*queued, body, "chat")
+    finals = []
+    for side, answer in zip(("vllm", "ours"), queued):
+        deadline = time.monotonic() + 60
+        while True:
+            got = httpx.get(f"{pair.urls[side]}{ROUTE}/{answer['id']}", timeout=30).json()
+            if got["status"] != "queued" or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        finals.append(got)
+    assert finals[1]["status"] == "completed"
+    assert_same_response(*finals, body, "chat")

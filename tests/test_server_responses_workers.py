@@ -2,8 +2,9 @@
 process of its own (``make test-server``): LlamaIndex's ``OpenAIResponses`` with
 ``track_previous_responses=True`` holds two-turn conversations whose second turn lands on the
 other worker (every request on a new connection), a response stored by one worker is read by
-the other, and after the launcher is stopped and started again on the same store file the
-responses are still there. Every process is followed by pid and cleaned up.
+the other, a background response is cancelled through the worker that does not run it, and
+after the launcher is stopped and started again on the same store file the responses are still
+there. Every process is followed by pid and cleaned up.
 """
 
 from __future__ import annotations
@@ -123,6 +124,21 @@ def test_llama_index_conversations_across_workers_and_a_restart(
                 break
         assert sorted(read_by) == ["0", "1"]
         assert read_by["0"] == read_by["1"]
+
+        # A background response cancelled through the other worker: the one running it stops
+        # and keeps it cancelled.
+        long = {"model": "llama3", "input": "Hello", "background": True, "ignore_eos": True,
+                "max_output_tokens": 400}  # fmt: skip
+        for _ in range(12):
+            started = http.post(f"{run.url}/v1/responses", json=long)
+            cancel = http.post(f"{run.url}/v1/responses/{started.json()['id']}/cancel")
+            assert cancel.status_code == 200, cancel.text
+            if cancel.headers[WORKER_HEADER] != started.headers[WORKER_HEADER]:
+                break
+        assert cancel.headers[WORKER_HEADER] != started.headers[WORKER_HEADER]
+        time.sleep(1.5)  # the running worker polls every 0.25 s
+        got = http.get(f"{run.url}/v1/responses/{started.json()['id']}").json()
+        assert got["status"] == "cancelled" and got["output"] == []
         http.close()
 
     assert store.exists()
