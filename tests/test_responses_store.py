@@ -201,7 +201,10 @@ def test_a_writer_killed_mid_write_leaves_nothing_half_written(tmp_path: Path) -
     lines = [child.stdout.readline().strip() for _ in range(4)]  # "ready", then 3 written
     time.sleep(0.05)
     child.send_signal(signal.SIGKILL)
-    rest, err = child.communicate(timeout=30)
+    # Read on through the same buffered pipe (communicate() would skip what readline buffered).
+    rest = child.stdout.read()
+    err = child.stderr.read() if child.stderr is not None else ""
+    child.wait(timeout=30)
     assert child.returncode == -signal.SIGKILL, (lines, err)
     assert lines[0] == "ready", (lines, err)
     committed = [*lines[1:], *rest.split()]
