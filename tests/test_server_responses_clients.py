@@ -120,6 +120,46 @@ def test_openai_agents_sdk_runs_a_tool_to_the_end(app: App, streamed: bool) -> N
     assert result.final_output == expected == "The weather in Oslo is sunny."
 
 
+def test_openai_agents_sdk_chains_turns_through_the_store(app: App) -> None:
+    """``auto_previous_response_id``: each turn sends only its new items and names the last
+    response; the store holds the rest, the tool call and its output included."""
+    from agents import Agent, RunConfig, Runner, function_tool
+    from agents.models.openai_provider import OpenAIProvider
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Get the current weather in a city."""
+        return f"It is sunny in {city}."
+
+    provider = OpenAIProvider(openai_client=app.aclient(), use_responses=True)
+    config = RunConfig(model_provider=provider, tracing_disabled=True)
+    agent = Agent(name="weather", instructions="", model="tools", tools=[get_weather])
+
+    async def run() -> tuple[Any, Any]:
+        first = await Runner.run(agent, ASK, run_config=config, auto_previous_response_id=True)
+        second = await Runner.run(
+            agent, "And tomorrow?", run_config=config,
+            previous_response_id=first.last_response_id, auto_previous_response_id=True,
+        )  # fmt: skip
+        return first, second
+
+    first, second = asyncio.run(run())
+    history = [item.to_input_item() for item in first.new_items]
+    call = next(i for i in history if i.get("type") == "function_call")
+    messages = [
+        *after_the_tool(call["call_id"], call["arguments"], "It is sunny in Oslo."),
+        {"role": "assistant", "content": first.final_output},
+        {"role": "user", "content": "And tomorrow?"},
+    ]
+    expected, _ = app.answer("tools", messages, tools=[WEATHER_CHAT])
+    assert first.final_output == "The weather in Oslo is sunny."
+    assert second.final_output == expected
+    # The stored conversation held the tool's result: no second call (this model calls the tool
+    # whenever no result is in its prompt).
+    assert not [i for i in second.new_items if i.type == "tool_call_item"]
+    assert [i.type for i in first.new_items].count("tool_call_item") == 1
+
+
 WEATHER_CHAT = {
     "type": "function",
     "function": {
