@@ -212,3 +212,19 @@ def test_a_writer_killed_mid_write_leaves_nothing_half_written(tmp_path: Path) -
     # Every write it finished is there, whole; at most the one it was in besides, whole too.
     assert set(committed) <= set(found), (committed, sorted(found))
     assert len(found) <= len(committed) + 1, (committed, sorted(found))
+
+
+def test_serve_refuses_a_memory_store_for_several_workers(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import argparse
+
+    from vllm_inline.serve import add_arguments, serve
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--workers", "2", "--responses-store", ":memory:"])
+    assert serve(args) == 2  # before any process or engine starts
+    assert "with --workers use a file" in capsys.readouterr().out
+    defaults = parser.parse_args([])
+    assert defaults.responses_store is None and defaults.reasoning_parser is None
