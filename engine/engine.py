@@ -179,7 +179,8 @@ class Engine:
     ) -> AsyncIterator[Delta]:
         """Stream the answer to ``messages`` (OpenAI-style chat) as :class:`Delta` objects.
 
-        Keyword arguments: ``prompt`` (a pre-formatted prompt instead of ``messages``), ``tools``,
+        Keyword arguments: ``prompt`` (a pre-formatted prompt instead of ``messages``: text, or
+        token ids), ``tools``,
         ``tool_choice``, ``chat_template``, ``chat_template_kwargs``, ``tool_parser``,
         ``reasoning_parser``, ``structured_outputs``, ``lora`` (a LoRA adapter directory, ``(name,
         path)`` or a name seen before: see :mod:`vllm_inline.engine.request.lora`), ``priority`` (an
@@ -296,19 +297,24 @@ class Engine:
         self,
         messages: Sequence[Mapping[str, Any]] | None = None,
         *,
-        prompt: str | None = None,
+        prompt: str | list[int] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        **prompt_options: Any,
     ) -> list[int]:
         """The token ids :meth:`astream` would prefill for ``messages`` (or ``prompt``).
 
         The same rendering as a request: the model's chat template (or ``chat_template``) with
         ``tools`` and ``chat_template_kwargs``, generation prompt included, through vLLM's
         renderer. ``len(...)`` is the exact prompt size, e.g. to check it against
-        :attr:`max_model_len` or to trim a conversation. Starts the engine.
+        :attr:`max_model_len` or to trim a conversation. ``prompt_options`` are a request's
+        rendering options (``add_generation_prompt``, ``continue_final_message``,
+        ``add_special_tokens``, ...: :class:`~vllm_inline.engine.request.prompt_options.
+        PromptOptions`). Starts the engine.
         """
         options = _render_options(prompt, tools, chat_template, chat_template_kwargs)
+        options.update(prompt_options)
         request = self._request(messages, options)
         return await self._arun(lambda runtime: render.prompt_token_ids(runtime, request))
 
@@ -316,13 +322,15 @@ class Engine:
         self,
         messages: Sequence[Mapping[str, Any]] | None = None,
         *,
-        prompt: str | None = None,
+        prompt: str | list[int] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        **prompt_options: Any,
     ) -> list[int]:
         """The synchronous form of :meth:`aprompt_token_ids` (same arguments, same ids)."""
         options = _render_options(prompt, tools, chat_template, chat_template_kwargs)
+        options.update(prompt_options)
         request = self._request(messages, options)
         return self._run(
             lambda runtime: render.prompt_token_ids(runtime, request),

@@ -66,7 +66,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return TwoHalves(config, log)
 
 
-SHARED = ("llama3", "chatml", "gemma", "chatml_reasoning", "chatml_tools", "long")
+SHARED = ("llama3", "chatml", "gemma", "chatml_reasoning", "chatml_tools", "llama3_tools", "long")
 """The scenarios whose engines (the kit's options) the suite shares; started together before
 the first test when the selected modules name them (:func:`shared_engines_started_together`)."""
 

@@ -154,6 +154,14 @@ def test_unknown_engine_option(scripted):
         get_engine(s.path, no_such_option=1).start()
 
 
+@pytest.mark.parametrize("seed", [-1, 2**32, "7", True])
+def test_engine_seed_out_of_range_is_refused_before_any_start(scripted, seed):
+    # vLLM 0.34's ModelConfig refuses it; 0.30-0.33 fail later in the worker's numpy seeding
+    s = scripted("chatml")
+    with pytest.raises(ModelLoadError, match=r"seed=.*0 to 2\*\*32 - 1"):
+        get_engine(s.path, seed=seed).start()
+
+
 def test_invalid_model_argument():
     with pytest.raises(ModelLoadError):
         get_engine("")

@@ -158,7 +158,7 @@ def test_chat_prompts_render_alike_on_and_off_the_loop(scripted, monkeypatch):
     renderer pool (``render.OFFLOAD_CHARS``): the same tokens either way."""
     import importlib
 
-    seam = importlib.import_module("vllm_inline.engine.seam.vllm_engine")
+    seam = importlib.import_module("vllm_inline.engine.seam.vllm_render")
     render = importlib.import_module("vllm_inline.engine.request.render")
     engine = scripted("chatml").engine
     messages = [{"role": "system", "content": "Be brief."}, *USER]

@@ -8,6 +8,8 @@ import time
 import pytest
 from tool_schemas import WEATHER
 
+from vllm_inline.engine import BadRequestError
+
 USER = [{"role": "user", "content": "What is the weather in Oslo?"}]
 
 
@@ -140,6 +142,35 @@ def test_reasoning_off_by_template_kwargs(scripted):
     )
     assert "".join(d.text for d in deltas).strip() == s.scenario.no_think.answer.strip()
     assert "".join(d.reasoning for d in deltas) == ""
+
+
+def test_reasoning_effort_and_include_reasoning(scripted):
+    """vLLM's request fields: ``reasoning_effort="none"`` turns thinking off through the template
+    (``enable_thinking=False``) unless ``chat_template_kwargs`` says otherwise;
+    ``include_reasoning=False`` parses the reasoning out and drops it."""
+    s = scripted("chatml_reasoning")
+    off = list(s.engine.stream(USER, reasoning_parser="qwen3", reasoning_effort="none"))
+    assert "".join(d.text for d in off).strip() == s.scenario.no_think.answer.strip()
+    on = list(s.engine.stream(USER, reasoning_parser="qwen3", reasoning_effort="high"))
+    assert "".join(d.reasoning for d in on).strip() == s.scenario.reasoning
+    kept = list(
+        s.engine.stream(
+            USER,
+            reasoning_parser="qwen3",
+            reasoning_effort="none",
+            chat_template_kwargs={"enable_thinking": True},
+        )
+    )
+    assert "".join(d.reasoning for d in kept).strip() == s.scenario.reasoning
+    for stream in (True, False):
+        hidden = list(
+            s.engine.stream(USER, reasoning_parser="qwen3", include_reasoning=False, stream=stream)
+        )
+        assert "".join(d.reasoning for d in hidden) == ""
+        assert "".join(d.text for d in hidden).strip() == s.scenario.content
+    with pytest.raises(BadRequestError) as e:
+        s.engine.stream(USER, reasoning_effort="extreme")
+    assert e.value.parameter == "reasoning_effort"
 
 
 def test_structured_output_always_validates(scripted):

@@ -332,6 +332,19 @@ def test_thinking_can_be_turned_off_through_the_template(scripted: Any) -> None:
     assert "reasoning_content" not in message.additional_kwargs
 
 
+def test_reasoning_effort_is_a_field_and_a_call_option(scripted: Any) -> None:
+    s = scripted("chatml_reasoning")
+    chat = chat_for(s, reasoning_parser=s.scenario.reasoning_parser, reasoning_effort="none")
+    message = chat.invoke(QUESTION)
+    assert message.content == s.scenario.content
+    assert "reasoning_content" not in message.additional_kwargs
+    thinking = chat.invoke(QUESTION, reasoning_effort="high")
+    assert thinking.additional_kwargs["reasoning_content"].strip() == s.scenario.reasoning
+    hidden = chat.invoke(QUESTION, reasoning_effort="high", include_reasoning=False)
+    assert hidden.content.strip() == s.scenario.content
+    assert "reasoning_content" not in hidden.additional_kwargs
+
+
 # -- tools -----------------------------------------------------------------------------------
 
 

@@ -312,6 +312,16 @@ async def test_reasoning_is_kept_out_of_the_content(scripted) -> None:
     assert "".join(r.delta for r in streamed) == streamed[-1].message.content
 
 
+def test_reasoning_effort_is_a_field_and_a_call_option(scripted) -> None:
+    s = scripted("chatml_reasoning")
+    llm = make(s, reasoning_parser=s.scenario.reasoning_parser, reasoning_effort="none")
+    message = llm.chat(USER).message
+    assert message.content.strip() == s.scenario.content
+    assert not [b for b in message.blocks if isinstance(b, ThinkingBlock)]
+    thinking = llm.chat(USER, reasoning_effort="high").message
+    assert thinking.additional_kwargs["reasoning_content"].strip() == s.scenario.reasoning
+
+
 # -- structured outputs --------------------------------------------------------------------
 
 

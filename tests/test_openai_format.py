@@ -31,9 +31,12 @@ META = {"id": "chatcmpl-1", "model": "m", "created": 1700000000}
 
 def test_exports() -> None:
     assert sorted(exported) == [
+        "EMPTY_FIELDS_LEFT_OUT_SINCE",
         "chunk_from_delta",
         "completion_from_deltas",
+        "empty_fields_left_out",
         "logprobs_dict",
+        "pooling_usage",
         "role_chunk",
         "text_chunk_from_delta",
         "text_completion_from_deltas",
@@ -182,6 +185,27 @@ def test_logprobs_list_the_generated_token_first_as_vllm_serve_does() -> None:
     assert logprobs_dict([lp], top=0)["content"][0]["top_logprobs"] == []
     chunk = chunk_from_delta(Delta(text="é", logprobs=(lp,)), **META)
     ChatCompletionChunk.model_validate(chunk)
+
+
+def test_null_fields_follow_the_installed_vllms_server(monkeypatch) -> None:
+    """``annotations`` and a pooling answer's ``prompt_tokens_details``: null up to vLLM 0.33,
+    left out from 0.34 (``exclude_if`` in its ChatMessage and UsageInfo), as ``vllm serve``."""
+    from vllm_inline.engine.seam import versions
+    from vllm_inline.engine.stream.openai_format import pooling_usage
+
+    deltas = [Delta(text="Hi.", finish_reason="stop", usage=Usage(3, 1))]
+    for version, left_out in [("0.32.0", False), ("0.33.0", False), ("0.34.0", True)]:
+        versions.installed_at_least.cache_clear()
+        monkeypatch.setattr(versions, "installed_vllm", lambda v=version: ("vllm", v))
+        message = completion_from_deltas(deltas, **META)["choices"][0]["message"]
+        assert ("annotations" in message) is not left_out, version
+        ChatCompletion.model_validate(completion_from_deltas(deltas, **META))
+        usage = pooling_usage(5)
+        assert ("prompt_tokens_details" in usage) is not left_out, version
+        assert usage["completion_tokens_details"] is None
+        # ours always reports cached prompt tokens (a difference kept on purpose)
+        assert usage_dict(Usage(3, 1, 2))["prompt_tokens_details"] == {"cached_tokens": 2}
+    versions.installed_at_least.cache_clear()
 
 
 def test_completion_joins_text_and_takes_finish_and_usage_from_the_last_delta() -> None:

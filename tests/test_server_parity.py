@@ -32,6 +32,7 @@ import pytest
 from serving import serving
 
 from vllm_inline.engine import get_engine, start_engines
+from vllm_inline.engine.stream.openai_format import empty_fields_left_out
 from vllm_inline.server import OpenAIServer
 from vllm_inline.testing import build_embedding_model
 from vllm_inline.testing.reranker import build_reranker_model
@@ -266,7 +267,7 @@ def usage_as_vllm(answer: dict[str, Any], streamed: bool = False) -> dict[str, A
     usage = answer["usage"]
     details = usage.pop("prompt_tokens_details")
     assert list(details) == ["cached_tokens"] and isinstance(details["cached_tokens"], int)
-    if not streamed:
+    if not streamed and not empty_fields_left_out():  # vLLM 0.34 leaves the null out
         usage["prompt_tokens_details"] = None
     return answer
 
@@ -376,6 +377,145 @@ CHAT_CASES = {
 }
 
 
+# vLLM's own request fields (issue 57): the same effect on both servers, streamed or not.
+FIELD_CASES = {
+    "return_token_ids": {"messages": HELLO, "return_token_ids": True},
+    "bad_words": {"messages": HELLO, "bad_words": ["The"], "max_tokens": 6},
+    "structured_outputs": {
+        "messages": HELLO,
+        "structured_outputs": {"choice": ["yes", "no"]},
+        "max_tokens": 5,
+    },
+    "continue_final_message": {
+        "messages": [*HELLO, {"role": "assistant", "content": "The answer"}],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+    },
+    "tokens as ids": {
+        "messages": HELLO,
+        "logprobs": True,
+        "top_logprobs": 1,
+        "return_tokens_as_token_ids": True,
+    },
+    "an unknown field": {"messages": HELLO, "frobnicate": 1},
+    "echo": {
+        "messages": [*HELLO, {"role": "assistant", "content": "The answer"}],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+        "echo": True,
+    },
+}
+# Only without streaming (vLLM refuses prompt_logprobs in a stream).
+WHOLE_FIELD_CASES = {
+    "prompt_logprobs": {"messages": HELLO, "prompt_logprobs": 1, "return_token_ids": True},
+}
+
+
+def eos_stop_reason_as_vllm(vllm: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
+    """ALLOWED: an answer that ends on an end-of-sequence id other than the tokenizer's own
+    (``<|end_of_text|>`` here, where a grammar ends and only end tokens are left) has that id as
+    ``stop_reason`` in ours, ``None`` in vLLM's: the engine sends every end-of-turn id of the
+    model's stop policy as ``stop_token_ids`` (engine/life/stops.py), which vLLM reports."""
+    for theirs, mine in zip(vllm["choices"], ours["choices"]):
+        if theirs["stop_reason"] is None and mine["finish_reason"] == "stop":
+            mine["stop_reason"] = None
+    return ours
+
+
+@pytest.mark.parametrize("case", [*FIELD_CASES, *WHOLE_FIELD_CASES])
+def test_vllm_request_fields(pairs: dict[str, Pair], case: str) -> None:
+    body = {**FIELD_CASES, **WHOLE_FIELD_CASES}[case]
+    vllm, ours = pairs["chat"].both(CHAT, body)
+    assert_same(vllm, eos_stop_reason_as_vllm(vllm, usage_as_vllm(ours)))
+    if case in FIELD_CASES:
+        theirs, mine = pairs["chat"].streams(CHAT, body)
+        ends = [c for c in theirs[:-1] if c["choices"] and c["choices"][0]["finish_reason"]]
+        if all(c["choices"][0].get("stop_reason") is None for c in ends):
+            for chunk in mine[:-1]:  # ALLOWED: as eos_stop_reason_as_vllm
+                for choice in chunk["choices"]:
+                    if choice["finish_reason"] == "stop":
+                        choice["stop_reason"] = None
+        assert_same_stream(theirs, mine)
+
+
+def test_continue_final_message_alone(pairs: dict[str, Pair]) -> None:
+    """ALLOWED: ``continue_final_message`` without ``add_generation_prompt: false`` is
+    ``vllm serve``'s default generation prompt plus a continuation, which its template call
+    refuses (400); ours turns the generation prompt off and continues (docs/server.md)."""
+    body = {"messages": FIELD_CASES["echo"]["messages"], "continue_final_message": True}
+    vllm, ours = (pairs["chat"].post(side, CHAT, body) for side in ("vllm", "ours"))
+    assert ours.status_code == 200, ours.text
+    assert ours.json()["choices"][0]["message"]["content"] == " is complete."
+    if vllm.status_code == 200:  # a release that takes it: then the same answer
+        assert_same(vllm.json(), usage_as_vllm(ours.json()))
+    else:
+        assert vllm.status_code == 400, vllm.text
+
+
+TEXT_FIELD_CASES = {
+    "echo": {"prompt": "Once upon a time", "echo": True},
+    "logprobs": {"prompt": "Once upon a time", "logprobs": 1},
+    "echo and logprobs": {"prompt": "Once upon a time", "echo": True, "logprobs": 0},
+    "return_token_ids": {"prompt": "Once upon a time", "return_token_ids": True},
+}
+
+
+@pytest.mark.parametrize("case", list(TEXT_FIELD_CASES))
+def test_vllm_completion_fields(pairs: dict[str, Pair], case: str) -> None:
+    body = TEXT_FIELD_CASES[case]
+    vllm, ours = pairs["chat"].both(TEXT, body)
+    assert_same(vllm, usage_as_vllm(ours))
+    theirs, mine = pairs["chat"].streams(TEXT, body)
+    assert_same_stream(theirs, mine, text="text")
+    if "logprobs" in body:  # the legacy logprobs of the stream, joined, field by field
+        assert_same(*(joined_text_logprobs(side) for side in (theirs, mine)))
+
+
+def joined_text_logprobs(chunks: list[Any]) -> dict[str, list[Any]]:
+    """A streamed completion's ``logprobs``, its chunks' lists joined."""
+    joined: dict[str, list[Any]] = {}
+    for chunk in chunks[:-1]:
+        for choice in chunk["choices"]:
+            for key, values in (choice.get("logprobs") or {}).items():
+                joined.setdefault(key, []).extend(values)
+    return joined
+
+
+def test_token_id_prompts(pairs: dict[str, Pair]) -> None:
+    ids = pairs["chat"].both("/tokenize", {"prompt": "Once upon a time"})[0]["tokens"]
+    for prompt in (ids, [ids, ids[1:]]):
+        body = {"prompt": prompt, "echo": True, "return_token_ids": True}
+        vllm, ours = pairs["chat"].both(TEXT, body)
+        assert_same(vllm, usage_as_vllm(ours))
+
+
+TOKENIZE_CASES = {
+    "messages": ("/tokenize", {"messages": HELLO, "return_token_strs": True}),
+    "messages, tools": ("/tokenize", {"messages": AFTER_TOOL, "tools": [WEATHER_TOOL]}),
+    "no generation prompt": ("/tokenize", {"messages": HELLO, "add_generation_prompt": False}),
+    "prompt": ("/tokenize", {"prompt": "Once upon a time"}),
+    "prompt, no specials": ("/tokenize", {"prompt": "Once", "add_special_tokens": False}),
+    "detokenize": ("/detokenize", {"tokens": [128000, 9843, 5304, 264, 892]}),
+}
+
+
+@pytest.mark.parametrize("case", list(TOKENIZE_CASES))
+def test_tokenize_and_detokenize(pairs: dict[str, Pair], case: str) -> None:
+    route, body = TOKENIZE_CASES[case]
+    key = "tools" if "tools" in body else "chat"
+    if route == "/detokenize":  # ids of this tokenizer: those of a prompt
+        tokens = pairs[key].both("/tokenize", {"prompt": "Once upon a time"})[0]["tokens"]
+        body = {"tokens": tokens}
+    assert_same(*pairs[key].both(route, body))
+
+
+def test_version(pairs: dict[str, Pair]) -> None:
+    pair = pairs["chat"]
+    vllm, ours = (httpx.get(pair.urls[side] + "/version", timeout=30) for side in ("vllm", "ours"))
+    assert vllm.status_code == ours.status_code == 200
+    assert_same(vllm.json(), ours.json())
+
+
 @pytest.mark.parametrize("case", list(CHAT_CASES))
 def test_chat_completion(pairs: dict[str, Pair], case: str) -> None:
     vllm, ours = pairs["chat"].both(CHAT, CHAT_CASES[case])
@@ -476,6 +616,19 @@ ERRORS = {  # case: (model, route, body (or vLLM's and ours'), param: SAME or (v
     # ALLOWED (param): vLLM's is null; ours names n.
     "n over the cap": ("chat", CHAT, HUGE_N, (None, "n")),
     "n over our cap": ("chat", CHAT, (HUGE_N, OVER_OUR_CAP), (None, "n")),
+    # Request fields (issue 57). ALLOWED (param): where vLLM's is null, ours names the field.
+    "untrusted chat_template": ("chat", CHAT, {"messages": HELLO, "chat_template": "{{ 1 }}"},
+                                (None, "chat_template")),
+    "untrusted mm_processor_kwargs": ("chat", CHAT,
+                                      {"messages": HELLO, "mm_processor_kwargs": {"a": 1}}, SAME),
+    "generation prompt and continue": ("chat", CHAT, {
+        "messages": HELLO, "add_generation_prompt": True, "continue_final_message": True},
+        (None, "continue_final_message")),
+    "prompt_logprobs, streamed": ("chat", CHAT,
+                                  {"messages": HELLO, "prompt_logprobs": 1, "stream": True}, SAME),
+    "suffix without FIM": ("chat", TEXT, {"prompt": "Once", "suffix": "end"}, SAME),
+    "thinking_token_budget without a reasoning config": ("chat", CHAT, {
+        "messages": HELLO, "thinking_token_budget": 5}, (None, "thinking_token_budget")),
 }  # fmt: skip
 
 

@@ -1,20 +1,28 @@
 """The vLLM contract (engine/seam/contract.py) and the version-dependent seams, in every shape.
 
 ``make test`` checks the contract against the installed vLLM, imported and parsed; ``make
-test-compat`` also against the sources named by ``VLLMINLINE_VLLM_SOURCES`` (vLLM 0.33, which
-has no CPU build). The seam's converters are tested here with the request and exception shapes
+check-vllm VERSION=X`` and ``make test-compat`` also against the sources named by
+``VLLMINLINE_VLLM_SOURCES`` (vLLM 0.33 and 0.34, which have no CPU build). The seam's converters are tested here with the request and exception shapes
 of both 0.32 and 0.33: plain stand-ins, since a 0.33 object cannot be built on 0.32.
 """
 
 from __future__ import annotations
 
 import ast
-import os
 import types
 from pathlib import Path
 
 import pytest
-from vllm_contract import CONTRACT, Sources, check_installed, check_sources, seam_imports
+from vllm_contract import (
+    CONTRACT,
+    Sources,
+    check_installed,
+    check_sources,
+    llama3_json,
+    seam_imports,
+    source_roots,
+    tree_version,
+)
 
 from vllm_inline.engine import (
     BadRequestError,
@@ -44,11 +52,7 @@ def _installed_sources() -> Path:
 
 def _source_roots() -> list[Path]:
     """The installed vLLM (parsed, as a check of the parser) and ``VLLMINLINE_VLLM_SOURCES``."""
-    roots = [_installed_sources()]
-    extra = os.environ.get("VLLMINLINE_VLLM_SOURCES")
-    if extra:
-        roots += [Path(p) for p in extra.split(os.pathsep) if p]
-    return roots
+    return source_roots()
 
 
 @pytest.mark.parametrize("use", CONTRACT, ids=str)
@@ -224,9 +228,21 @@ def test_parser_requirement_wins_over_the_models_default():
     assert values["skip_special_tokens"] is False
 
 
-def test_callers_value_wins_over_the_parsers_requirement():
+def test_parsers_requirement_wins_over_the_callers_value():
+    # As in vLLM's server, where adjust_request overwrites the client's field: vLLM 0.34's
+    # llama3_json needs <|python_tag|> in the text it parses. The caller's value decides what
+    # its text shows (special_tokens_hidden): the parsers remove the special tokens again.
     values = _sampling({"skip_special_tokens": True}, {}, {"skip_special_tokens": False})
-    assert values["skip_special_tokens"] is True
+    assert values["skip_special_tokens"] is False
+
+
+def test_special_tokens_hidden_follows_the_caller_then_the_model_then_vllm():
+    from vllm_inline.engine.request.sampling import special_tokens_hidden
+
+    assert special_tokens_hidden({}, {}) is True  # vLLM's default
+    assert special_tokens_hidden({}, {"skip_special_tokens": False}) is False
+    assert special_tokens_hidden({"skip_special_tokens": True}, {"skip_special_tokens": False})
+    assert special_tokens_hidden({"skip_special_tokens": False}, {}) is False
 
 
 def test_no_requirement_leaves_the_models_default_or_vllms():
@@ -237,6 +253,92 @@ def test_no_requirement_leaves_the_models_default_or_vllms():
         is False
     )
     assert "skip_special_tokens" not in _sampling({}, {}, {"skip_special_tokens": None})
+
+
+def _flat(node: ast.AST) -> str:
+    return "\n".join(line.strip() for line in ast.unparse(node).splitlines())
+
+
+def _named(tree: ast.AST, kind: type, name: str) -> ast.AST:
+    return next(n for n in ast.walk(tree) if isinstance(n, kind) and n.name == name)
+
+
+@pytest.mark.parametrize("root", _source_roots(), ids=lambda p: p.name)
+def test_llama3_json_is_as_expected(root):
+    """What the llama3 tool-call tests expect of ``llama3_json`` on each release, read from
+    that release's source: which class the name registers, whether it streams arguments in
+    fragments, whether it needs special tokens in the text (tests/test_llama3_tools.py)."""
+    expected = llama3_json(tree_version(root))
+    parsers = root / "vllm" / "tool_parsers"
+    registry = ast.parse((parsers / "__init__.py").read_text(encoding="utf-8"))
+    entry = next(
+        n.values[n.keys.index(key)]
+        for n in ast.walk(registry)
+        if isinstance(n, ast.Dict)
+        for key in n.keys
+        if isinstance(key, ast.Constant) and key.value == "llama3_json"
+    )
+    assert ast.literal_eval(entry) == (expected.module, expected.cls)
+    source = ast.parse((parsers / f"{expected.module}.py").read_text(encoding="utf-8"))
+    if expected.module == "llama_tool_parser":  # 0.30-0.33: partial JSON, diffed
+        cls = _named(source, ast.ClassDef, expected.cls)
+        methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+        assert "adjust_request" not in methods  # the base class's: no skip_special_tokens
+        streaming = ast.unparse(methods["extract_tool_calls_streaming"])
+        assert "argument_diff = prefix[sent:]" in streaming  # what grew since the last delta
+        return
+    # 0.34: vLLM's parser engine, configured by vllm/parser/llama_json.py
+    assert "LlamaJsonParserToolAdapter" in ast.unparse(source)
+    parser = root / "vllm" / "parser"
+    config = ast.parse((parser / "llama_json.py").read_text(encoding="utf-8"))
+    call = next(
+        n
+        for n in ast.walk(_named(config, ast.FunctionDef, "llama_json_config"))
+        if isinstance(n, ast.Call) and ast.unparse(n.func) == "ParserEngineConfig"
+    )
+    keywords = {k.arg: ast.unparse(k.value) for k in call.keywords}
+    assert keywords["stream_arg_deltas"] == str(expected.arguments_in_fragments)
+    assert keywords["terminals"] == "{'TOOL_START': TOOL_START}"  # <|python_tag|>
+    engine = ast.parse((parser / "engine" / "parser_engine.py").read_text(encoding="utf-8"))
+    adjust = _flat(_named(engine, ast.FunctionDef, "adjust_request"))
+    assert "request.skip_special_tokens = False" in adjust and expected.needs_special_tokens
+    deltas = _flat(_named(engine, ast.FunctionDef, "_compute_arg_delta"))
+    assert "if not self._stream_arg_deltas:\nreturn None" in deltas
+    adapters = ast.parse((parser / "engine" / "adapters.py").read_text(encoding="utf-8"))
+    tool_adapter = _flat(_named(adapters, ast.ClassDef, "ParserEngineToolAdapter"))
+    assert "return self._parser_engine.adjust_request(request)" in tool_adapter
+
+
+def test_the_installed_llama3_json_needs_what_its_source_says(tmp_path):
+    """The same expectation, from the installed parser's own ``adjust_request`` (no engine:
+    the scripted model's tokenizer is enough)."""
+    from tool_schemas import WEATHER
+    from transformers import AutoTokenizer
+
+    from vllm_inline.engine.seam.versions import installed_vllm
+    from vllm_inline.engine.seam.vllm_parsing import (
+        chat_completion_request,
+        parser_class,
+        required_skip_special_tokens,
+    )
+    from vllm_inline.testing import build_scripted_model
+
+    found = installed_vllm()
+    assert found is not None
+    expected = llama3_json(found[1])
+    tokenizer = AutoTokenizer.from_pretrained(build_scripted_model("llama3_tools", tmp_path))
+    request = chat_completion_request(
+        model="m",
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        tools=[WEATHER],
+        tool_choice="auto",
+        chat_template_kwargs={},
+    )
+    parser = parser_class("llama3_json", None, "m")(
+        tokenizer, request.tools, model_config=None, chat_template_kwargs={}
+    )
+    need = required_skip_special_tokens(parser.adjust_request(request))
+    assert (need is False) == expected.needs_special_tokens
 
 
 def test_set_prompt_token_ids_on_parsers_with_and_without_it():
@@ -255,8 +357,11 @@ def test_support_status():
     assert support_status("0.32.0") == "tested"
     assert support_status("0.32.0+cpu") == "tested"
     assert support_status("0.33.0") == "checked from sources"
+    assert support_status("0.34.0") == "checked from sources"
+    assert support_status("0.34.0rc1") == "unknown"
     assert support_status("0.29.0") == "unknown"
-    assert support_status("0.34.0") == "unknown"
+    assert support_status("0.34.1") == "unknown"
+    assert support_status("0.35.0") == "unknown"
 
 
 def test_pyproject_and_docs_state_the_same_range():
@@ -287,14 +392,14 @@ def test_installed_vllm_is_in_the_range():
 def test_engine_start_warns_once_outside_the_range(monkeypatch, caplog):
     from vllm_inline.engine.seam import vllm_engine
 
-    monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: ("vllm", "0.34.1"))
+    monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: ("vllm", "0.35.0"))
     monkeypatch.setattr(vllm_engine, "_warned_unsupported", False)
     with caplog.at_level("WARNING", logger="vllm_inline"):
         vllm_engine._warn_if_unsupported()
         vllm_engine._warn_if_unsupported()
     warnings = [r.getMessage() for r in caplog.records if r.name == "vllm_inline"]
     assert len(warnings) == 1
-    assert "vllm 0.34.1" in warnings[0] and "0.30.0 to 0.33.0" in warnings[0]
+    assert "vllm 0.35.0" in warnings[0] and "0.30.0 to 0.34.0" in warnings[0]
 
 
 def test_check_names_the_vllm_and_its_status(monkeypatch):
@@ -304,7 +409,9 @@ def test_check_names_the_vllm_and_its_status(monkeypatch):
     for version, status, shown in [
         ("0.32.0", "info", "tested"),
         ("0.33.0", "info", "checked from sources"),
+        ("0.34.0", "info", "checked from sources"),
         ("0.29.0", "warn", "unknown"),
+        ("0.35.0", "warn", "unknown"),
     ]:
         monkeypatch.setattr(check, "installed_vllm", lambda v=version: ("vllm", v))
         report = Report("m")

@@ -12,14 +12,101 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib
+import importlib.util
 import inspect
+import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from vllm_inline.engine.seam.contract import CONTRACT, Use
+from vllm_inline.engine.seam.versions import at_least
 
-__all__ = ["CONTRACT", "Sources", "Use", "check_installed", "check_sources", "seam_imports"]
+__all__ = [
+    "CONTRACT",
+    "LLAMA3_JSON",
+    "SOURCES_VARIABLE",
+    "Llama3Json",
+    "Sources",
+    "Use",
+    "check_installed",
+    "check_sources",
+    "llama3_json",
+    "seam_imports",
+    "source_roots",
+    "tree_version",
+]
+
+SOURCES_VARIABLE = "VLLMINLINE_VLLM_SOURCES"
+"""Environment variable naming unpacked vLLM source trees (``os.pathsep``-separated), which every
+source-reading test checks besides the installed vLLM (``make check-vllm``, ``make
+test-compat``)."""
+
+
+# -- which vLLM trees the source-reading tests read ---------------------------------------------
+
+
+def source_roots() -> list[Path]:
+    """The installed vLLM's tree (found without importing it), then each tree named by
+    :data:`SOURCES_VARIABLE`. A named tree without ``vllm/__init__.py`` is an error, raised
+    while the tests are collected: a run asked to check a release must not pass without it."""
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.submodule_search_locations, "vLLM is not installed"
+    roots = [Path(next(iter(spec.submodule_search_locations))).resolve().parent]
+    for entry in os.environ.get(SOURCES_VARIABLE, "").split(os.pathsep):
+        if not entry:
+            continue
+        root = Path(entry).resolve()
+        if not (root / "vllm" / "__init__.py").is_file():
+            msg = (
+                f"{SOURCES_VARIABLE} names {entry!r}, which holds no vLLM sources "
+                "(no vllm/__init__.py): unpack the wheel's .py files there, or run "
+                "`make check-vllm VERSION=X`, which does"
+            )
+            raise FileNotFoundError(msg)
+        roots.append(root)
+    return roots
+
+
+def tree_version(root: Path) -> str:
+    """The vLLM release a source tree holds, from its ``vllm/_version.py``."""
+    text = (root / "vllm" / "_version.py").read_text(encoding="utf-8")
+    found = re.search(r"^__version__ = version = ['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+    assert found, f"no version in {root / 'vllm' / '_version.py'}"
+    return found.group(1)
+
+
+# -- what vLLM's llama3_json tool parser does, by release ---------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Llama3Json:
+    """What one implementation of vLLM's ``llama3_json`` (the package's default tool parser for
+    the llama3 family) does, read from its source (``test_llama3_json_is_as_expected``)."""
+
+    module: str
+    """Its module under ``vllm/tool_parsers``, as the registry names it."""
+    cls: str
+    """Its class in that module."""
+    arguments_in_fragments: bool
+    """True when it streams a call's arguments as they grow, False when whole, once the call
+    ends."""
+    needs_special_tokens: bool
+    """True when its ``adjust_request`` sets ``skip_special_tokens=False``."""
+
+
+LLAMA3_JSON = {
+    "legacy": Llama3Json("llama_tool_parser", "Llama3JsonToolParser", True, False),
+    "engine": Llama3Json("llama_json_engine_tool_parser", "LlamaJsonEngineToolParser", False, True),
+}
+"""0.30-0.33's parser (partial JSON diffs), and 0.34's (``vllm/parser/llama_json.py`` on vLLM's
+parser engine: ``stream_arg_deltas=False``, ``ParserEngine.adjust_request``)."""
+
+
+def llama3_json(version: str) -> Llama3Json:
+    """The ``llama3_json`` of vLLM ``version``."""
+    return LLAMA3_JSON["engine" if at_least(version, "0.34.0") else "legacy"]
 
 
 # -- against the installed vLLM (imported) ------------------------------------------------------

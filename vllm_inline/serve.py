@@ -14,7 +14,14 @@ from typing import Any
 
 from vllm_inline.testing import build_scripted_model
 
-__all__ = ["add_arguments", "app_from_environment", "build_app", "serve", "worker_count"]
+__all__ = [
+    "add_arguments",
+    "app_from_environment",
+    "build_app",
+    "limits_of",
+    "serve",
+    "worker_count",
+]
 
 ARGS_VARIABLE = "VLLMINLINE_SERVE_ARGS"
 """The ``serve`` arguments, as JSON, in each worker of ``--workers N``."""
@@ -64,6 +71,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--reasoning-parser",
         default=None,
         help="vLLM's reasoning parser for /v1/responses reasoning items, e.g. qwen3 (default: none)",
+    )
+    parser.add_argument(
+        "--strict-fields",
+        action="store_true",
+        help="refuse request fields the server does not know (400) instead of ignoring them "
+        "with a warning, as vllm serve does",
+    )
+    parser.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="take a request's chat_template (as vllm serve's flag; default: refused)",
+    )
+    parser.add_argument(
+        "--trust-request-mm-kwargs",
+        action="store_true",
+        help="take a request's mm_processor_kwargs and media_io_kwargs (as vllm serve's flag)",
     )
     parser.add_argument(
         "--workers",
@@ -119,21 +142,31 @@ def app_from_environment() -> Any:
     return build_app(argparse.Namespace(**json.loads(os.environ[ARGS_VARIABLE])))
 
 
+def limits_of(args: argparse.Namespace) -> Any:
+    """The server's :class:`~vllm_inline.server.Limits` from the ``serve`` arguments."""
+    from vllm_inline.server import Limits
+
+    return Limits(
+        api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes,
+        max_tokens_cap=args.max_tokens_cap,
+        max_n=args.max_n,
+        strict_fields=args.strict_fields,
+        trust_request_chat_template=args.trust_request_chat_template,
+        trust_request_mm_kwargs=args.trust_request_mm_kwargs,
+    )
+
+
 def build_app(args: argparse.Namespace) -> Any:
     """The FastAPI app that serves the models of ``args``."""
-    from vllm_inline.server import Limits, create_app
+    from vllm_inline.server import create_app
 
     chat: Any = args.model or str(build_scripted_model("demo"))
     if args.served_model_name:
         from vllm_inline.engine import get_engine
 
         chat = {args.served_model_name: get_engine(chat, **(args.vllm_kwargs or {}))}
-    limits = Limits(
-        api_key=args.api_key,
-        max_body_bytes=args.max_body_bytes,
-        max_tokens_cap=args.max_tokens_cap,
-        max_n=args.max_n,
-    )
+    limits = limits_of(args)
     return create_app(
         chat,
         embedding=args.embedding_model,

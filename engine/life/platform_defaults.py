@@ -15,8 +15,7 @@ user set no binding, one is chosen from the CPUs this process may use, and set i
 processes' environment only.
 
 On a GPU nothing changes. Anything the user sets wins. A request for more memory than the machine
-has fails with :class:`~vllm_inline.engine.errors.InsufficientMemoryError` before any process
-starts.
+has fails with :class:`~vllm_inline.engine.errors.InsufficientMemoryError` before any start.
 """
 
 from __future__ import annotations
@@ -56,8 +55,6 @@ KV_MAX = 4 * GiB
 took 130 s to the first answer here, against 32 s with 1 GiB)."""
 KV_SEQUENCES = 4
 """Full-length sequences the default KV cache holds, so a few requests batch together."""
-BLOCK = 16
-"""max_model_len chosen by us is a multiple of vLLM's KV block size."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +85,9 @@ class MachineFacts:
     """NUMA memory nodes this process may use (vLLM's automatic binding takes one per rank)."""
     threads_bind: str | None = None
     """``VLLM_CPU_OMP_THREADS_BIND`` as set in the environment (None: unset)."""
+    block_size: int = 64
+    """vLLM's KV block size (``block_size``, else ``CacheConfig.DEFAULT_BLOCK_SIZE``: 16 to 0.33,
+    64 from 0.34; unknown: 64, a multiple of both). A window chosen here fills whole blocks."""
 
 
 @dataclass(frozen=True)
@@ -255,14 +255,14 @@ def _kv_cache(
             ),
             None,
         )
-    fit = (min(budget, KV_MAX) // per_token) // BLOCK * BLOCK
-    if fit < BLOCK:
+    fit = (min(budget, KV_MAX) // per_token) // (block := facts.block_size) * block
+    if fit < block:
         raise InsufficientMemoryError(
             f"The free memory ({gib(free)}) leaves no room for a KV cache after the weights "
             f"({gib(weights)}). Free some memory or pass kv_cache_memory_bytes and "
             "max_model_len yourself.",
             option="kv_cache_memory_bytes",
-            requested_bytes=per_token * BLOCK,
+            requested_bytes=per_token * block,
             free_bytes=free,
         )
     kv = fit * per_token

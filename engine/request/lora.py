@@ -42,7 +42,9 @@ class Adapter:
     """A LoRA adapter as this engine knows it."""
 
     name: str
-    """vLLM's ``lora_name``: unique in the engine (vLLM compares adapters by name)."""
+    """vLLM's ``lora_name``: unique in the engine. vLLM compares adapters by name up to 0.33
+    and by name and ``lora_int_id`` from 0.34; names and ids are one-to-one here (one id per
+    directory, one directory per name), so both compare the same adapters as equal."""
     id: int
     """vLLM's ``lora_int_id``: 1, 2, ... in the order the engine first saw the paths; in a
     worker of an engine group, a number drawn from the path, the same in every worker (they

@@ -20,9 +20,10 @@ from vllm_inline.engine.errors import (
 from vllm_inline.engine.life.runtime import Runtime
 from vllm_inline.engine.life.templates import require_template, resolve_chat_template
 from vllm_inline.engine.request.images import check_images
+from vllm_inline.engine.request.prompt_options import PromptOptions
 from vllm_inline.engine.request.request import Request
 
-__all__ = ["OFFLOAD_CHARS", "prompt_token_ids", "render"]
+__all__ = ["OFFLOAD_CHARS", "prompt_token_ids", "render", "template_kwargs"]
 
 OFFLOAD_CHARS = 8192
 """Chat messages with more text than this, or with images, are rendered by vLLM's async
@@ -35,10 +36,34 @@ thread switches of a bulk call's profile (docs/performance.md, "Bulk")."""
 
 async def render(runtime: Runtime, request: Request) -> Any:
     """vLLM's engine input for ``request`` (its ``"prompt_token_ids"`` are the prompt)."""
-    from vllm_inline.engine.seam import vllm_engine
+    from vllm_inline.engine.seam import vllm_engine, vllm_render
 
+    options = request.prompt_options
+    tok_kwargs = _tok_kwargs(options)
     if request.prompt is not None:
-        return await vllm_engine.render_prompt(runtime.running_llm(), request.prompt)
+        prompt = request.prompt
+        if options.suffix is not None:
+            if not isinstance(prompt, str):
+                raise BadRequestError(
+                    "suffix requires text prompt input for FIM completion rendering",
+                    parameter="suffix",
+                    value=options.suffix,
+                )
+            filled = vllm_render.fill_in_the_middle(runtime.running_llm(), prompt, options.suffix)
+            if filled is None:
+                raise BadRequestError(
+                    f"suffix is only supported for models with FIM completion rendering; "
+                    f"{runtime.model!r} has none in vLLM.",
+                    parameter="suffix",
+                    value=options.suffix,
+                )
+            prompt = filled
+        return await vllm_render.render_prompt(
+            runtime.running_llm(),
+            prompt,
+            tok_kwargs=tok_kwargs,
+            prompt_extras=options.prompt_extras(),
+        )
     check_images(request.images, runtime.media, runtime.model)
     if request.chat_template is not None:
         choice = resolve_chat_template(None, {}, request.chat_template)
@@ -46,13 +71,16 @@ async def render(runtime: Runtime, request: Request) -> Any:
         choice = runtime.template
         require_template(choice, runtime.model)
     try:
-        return await vllm_engine.render_chat(
+        return await vllm_render.render_chat(
             runtime.running_llm(),
             request.messages or [],
             chat_template=choice.template,
-            chat_template_kwargs=request.chat_template_kwargs,
+            chat_template_kwargs=template_kwargs(request),
             tools=request.tools,
             offload=bool(request.images) or _text_chars(request) > OFFLOAD_CHARS,
+            tok_kwargs=tok_kwargs,
+            prompt_extras=options.prompt_extras(),
+            media_io_kwargs=options.media_io_kwargs,
         )
     except VLLMInlineError:
         raise
@@ -60,7 +88,7 @@ async def render(runtime: Runtime, request: Request) -> Any:
         mapped = vllm_engine.map_error(e, runtime.model)
         if isinstance(mapped, (ContextLengthExceededError, EngineDeadError)):
             raise mapped from e
-        if request.images and (mapped is not None or vllm_engine.is_media_error(e)):
+        if request.images and (mapped is not None or vllm_render.is_media_error(e)):
             # The model's processor (or vLLM's media loader) refused an image.
             raise BadRequestError(
                 f"{runtime.model!r} could not take the images of these messages: "
@@ -75,6 +103,31 @@ async def render(runtime: Runtime, request: Request) -> Any:
             parameter="messages",
             value=None,
         ) from e
+
+
+def template_kwargs(request: Request) -> dict[str, Any]:
+    """Every template variable of a chat request: the caller's ``chat_template_kwargs`` under
+    the request's rendering options, as vLLM's ``build_chat_params`` merges them (a
+    ``reasoning_effort`` also sets ``enable_thinking``, ``False`` for ``"none"``, unless the
+    caller's kwargs set it: templates such as Gemma 4's think only when asked)."""
+    user = dict(request.chat_template_kwargs or {})
+    extra = request.prompt_options.template_kwargs()
+    effort = request.prompt_options.reasoning_effort
+    if effort is not None and "enable_thinking" not in user:
+        extra["enable_thinking"] = effort != "none"
+    return {**user, **extra}
+
+
+def _tok_kwargs(options: PromptOptions) -> dict[str, Any]:
+    """vLLM's ``TokenizeParams`` changes the options ask for (``build_tok_params``)."""
+    out: dict[str, Any] = {}
+    if options.add_special_tokens is not None:
+        out["add_special_tokens"] = options.add_special_tokens
+    if options.truncate_prompt_tokens is not None:
+        out["truncate_prompt_tokens"] = options.truncate_prompt_tokens
+    if options.truncation_side is not None:
+        out["truncation_side"] = options.truncation_side
+    return out
 
 
 def _text_chars(request: Request) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_inline.engine.errors import BadRequestError
@@ -24,6 +24,7 @@ from vllm_inline.engine.request.messages import (
     validate_tool_choice,
     validate_tools,
 )
+from vllm_inline.engine.request.prompt_options import PromptOptions, pop_prompt_options
 from vllm_inline.engine.request.sampling import check_sampling
 
 __all__ = ["Request", "build_request"]
@@ -35,8 +36,8 @@ class Request:
 
     messages: list[dict[str, Any]] | None
     """OpenAI-style chat messages (checked copies), or ``None`` with :attr:`prompt`."""
-    prompt: str | None
-    """A pre-formatted prompt sent as is, instead of :attr:`messages`."""
+    prompt: str | list[int] | None
+    """A pre-formatted prompt sent as is (text, or token ids), instead of :attr:`messages`."""
     tools: list[dict[str, Any]] | None
     """OpenAI-style function tools for the chat template and the tool parser."""
     tool_choice: str | None
@@ -67,6 +68,16 @@ class Request:
     that only want the final message: no per-token work in vLLM's output handler, here or in
     the integrations. The final message is the same either way (see
     :mod:`vllm_inline.engine.stream.generate`)."""
+    prompt_options: PromptOptions = field(default_factory=PromptOptions)
+    """How the prompt is rendered beyond the messages (generation prompt, a prefilled last
+    message, documents, reasoning effort, special tokens, truncation, cache salt, multimodal
+    processor options): :mod:`.prompt_options`."""
+    session_id: str | None = None
+    """vLLM's ``session_id``: a label on the request's KV-cache events (for cache-aware routers
+    reading them, with the engine's ``kv_events_config``); no effect on the answer."""
+    include_reasoning: bool = True
+    """``False``: the reasoning parser's reasoning is dropped, not returned (vLLM's
+    ``include_reasoning``)."""
 
 
 def build_request(
@@ -89,7 +100,13 @@ def build_request(
             value=messages,
         )
     if prompt is not None and not isinstance(prompt, str):
-        raise BadRequestError.invalid("prompt", prompt, "a string")
+        if not (
+            isinstance(prompt, (list, tuple))
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
+        ):
+            raise BadRequestError.invalid("prompt", prompt, "a string, or a list of token ids")
+        prompt = list(prompt)
     tools = validate_tools(options.pop("tools", None))
     tool_choice = validate_tool_choice(options.pop("tool_choice", None), tools)
     chat_template = options.pop("chat_template", None)
@@ -127,6 +144,19 @@ def build_request(
         raise BadRequestError.invalid(
             "stream", stream, "True (a delta per step) or False (the final answer only)"
         )
+    prompt_options = pop_prompt_options(options)
+    include_reasoning = options.pop("include_reasoning", None)
+    if include_reasoning is not None and not isinstance(include_reasoning, bool):
+        raise BadRequestError.invalid("include_reasoning", include_reasoning, "true or false")
+    session_id = options.pop("session_id", None)
+    if session_id is not None and not isinstance(session_id, str):
+        raise BadRequestError.invalid("session_id", session_id, "a string")
+    xargs = options.pop("vllm_xargs", None)
+    if xargs is not None:
+        # vLLM's server hands ``vllm_xargs`` to SamplingParams as ``extra_args``.
+        if not isinstance(xargs, Mapping) or not all(isinstance(k, str) for k in xargs):
+            raise BadRequestError.invalid("vllm_xargs", xargs, "a mapping of names to values")
+        options["extra_args"] = {**dict(options.get("extra_args") or {}), **xargs}
     sampling = check_sampling(options, max_model_len=max_model_len)
     images: list[ImageRef] = []
     return Request(
@@ -145,6 +175,9 @@ def build_request(
         timeout=float(timeout) if timeout is not None else None,
         images=tuple(images),
         stream=stream,
+        prompt_options=prompt_options,
+        include_reasoning=include_reasoning is not False,
+        session_id=session_id,
     )
 
 

@@ -1,9 +1,12 @@
 """Sampling values: package defaults, the model's generation_config, the caller's; and checks.
 
 Layering, lowest first: :data:`DEFAULTS` < the model's ``generation_config`` sampling values
-(``AsyncLLM`` does not apply them by itself) < what the request's output parsers need (a tool
-parser that reads special tokens: ``skip_special_tokens=False``) < values of the integration
-object < per-call values.
+(``AsyncLLM`` does not apply them by itself) < values of the integration object < per-call
+values < what the request's output parsers need (a tool parser that reads special tokens:
+``skip_special_tokens=False``), which wins as it does in vLLM's server, where the parser's
+``adjust_request`` sets the request's field whatever the client sent. The text a caller gets
+still follows its own ``skip_special_tokens`` (:func:`special_tokens_hidden`): the output
+parsers remove the special tokens it would have hidden from the text and reasoning they return.
 :func:`final_sampling` does that layering for one request and adds what the engine decides
 (the room left in the context window, the stop policy's token ids).
 
@@ -24,7 +27,13 @@ from typing import Any
 
 from vllm_inline.engine.errors import BadRequestError
 
-__all__ = ["DEFAULTS", "check_sampling", "final_sampling", "layer_sampling"]
+__all__ = [
+    "DEFAULTS",
+    "check_sampling",
+    "final_sampling",
+    "layer_sampling",
+    "special_tokens_hidden",
+]
 
 DEFAULTS: Mapping[str, Any] = {"max_tokens": 512, "repetition_penalty": 1.1}
 """vllm-inline's own defaults, under everything else."""
@@ -107,6 +116,14 @@ def check_sampling(
     return out
 
 
+def special_tokens_hidden(call: Mapping[str, Any], model_defaults: Mapping[str, Any]) -> bool:
+    """Whether the caller asked for special tokens to be left out of the text: its own
+    ``skip_special_tokens``, else the model's ``generation_config`` value, else vLLM's default
+    (``True``). When a parser's need turned it off for the engine, the parsers hide them again."""
+    value = layer_sampling({"skip_special_tokens": True}, model_defaults, call)
+    return bool(value["skip_special_tokens"])
+
+
 def final_sampling(
     call: Mapping[str, Any],
     *,
@@ -117,14 +134,17 @@ def final_sampling(
     prompt_tokens: int,
 ) -> dict[str, Any]:
     """The sampling values sent for one request: :data:`DEFAULTS` < ``model_defaults`` <
-    ``parser_needs`` < ``call``, ``max_tokens`` capped to the room left after the prompt, and the
+    ``call`` < ``parser_needs``, ``max_tokens`` capped to the room left after the prompt, and the
     stop policy's ``stop_token_ids`` added (unless ``ignore_eos``).
 
-    ``parser_needs`` wins over the model's defaults as in vLLM's server, where a parser's
-    ``adjust_request`` sets the request field that the model's ``generation_config`` only fills
-    when unset (vLLM 0.33 reads ``skip_special_tokens`` from it too).
+    ``parser_needs`` wins as in vLLM's server, where a parser's ``adjust_request`` sets the
+    request's field over what the client sent, and the model's ``generation_config`` only fills
+    it when unset (vLLM 0.33 reads ``skip_special_tokens`` from it too). Parsers that read special
+    tokens need them in the text they parse: vLLM 0.34's ``llama3_json`` matches
+    ``<|python_tag|>`` by token id and by text; given the ids without the text, it found the
+    call only once the output ended, not as it streamed (0.34's parser tried over 0.32 here).
     """
-    values = layer_sampling(DEFAULTS, model_defaults, parser_needs, call)
+    values = layer_sampling(DEFAULTS, model_defaults, call, parser_needs)
     values["max_tokens"] = min(values["max_tokens"], max_model_len - prompt_tokens)
     if values["max_tokens"] < 1:
         raise BadRequestError(

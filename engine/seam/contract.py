@@ -93,12 +93,31 @@ CONTRACT: tuple[Use, ...] = (
             "include_stop_str_in_output",
             "structured_outputs",
             "output_kind",
+            # vllm_inline/server/fields.py: vLLM's request fields handed on under their names
+            "bad_words",
+            "allowed_token_ids",
+            "spaces_between_special_tokens",
+            "prompt_logprobs",
+            "logprob_token_ids",
+            "thinking_token_budget",
+            "watermarking",
+            "stream_interval",
+            "repetition_detection",
+            "extra_args",
+            "logit_bias",
         ),
+    ),
+    _u(
+        "vllm.sampling_params",
+        "RepetitionDetectionParams",
+        keywords=("max_pattern_size", "min_pattern_size", "min_count"),
     ),
     _u("vllm", "envs"),
     _u("vllm", "PoolingParams", keywords=("task", "use_activation", "dimensions")),
     _u("vllm.config", "StructuredOutputsConfig", keywords=("backend", "disable_any_whitespace")),
     _u("vllm.config", "ParallelConfig"),
+    # engine/seam/vllm_platform.py: the KV block size a chosen max_model_len is a multiple of
+    _u("vllm.config", "CacheConfig", members=("DEFAULT_BLOCK_SIZE",)),
     _u("vllm.envs", "disable_envs_cache"),
     _u("vllm.envs", "enable_envs_cache"),
     _u("vllm.envs", "VLLM_ENGINE_READY_TIMEOUT_S"),
@@ -134,7 +153,23 @@ CONTRACT: tuple[Use, ...] = (
     _u("vllm.lora.request", "LoRARequest"),
     _u("vllm.platforms", "current_platform"),
     _u("vllm.renderers.inputs.preprocess", "parse_model_prompt"),
-    _u("vllm.renderers.params", "ChatParams", keywords=("chat_template", "chat_template_kwargs")),
+    _u(
+        "vllm.renderers.params",
+        "ChatParams",
+        keywords=(
+            "chat_template",
+            "chat_template_kwargs",
+            "media_io_kwargs",
+            "mm_processor_kwargs",
+        ),
+    ),
+    # engine/seam/vllm_render.py: a request's tokenization options (vLLM's build_tok_params)
+    _u(
+        "vllm.renderers.params",
+        "TokenizeParams",
+        keywords=("add_special_tokens", "truncate_prompt_tokens", "truncation_side"),
+        members=("with_kwargs",),
+    ),
     _u("vllm.sampling_params", "RequestOutputKind", members=("DELTA", "FINAL_ONLY")),
     _u(
         "vllm.sampling_params",
@@ -168,6 +203,12 @@ CONTRACT: tuple[Use, ...] = (
         ),
     ),
     _u("vllm.v1.engine.async_llm", "AsyncLLM.from_engine_args", keywords=("stat_loggers",)),
+    # engine/stream/generate.py: a request's vLLM options (issue 57: vLLM's session_id)
+    _u(
+        "vllm.v1.engine.async_llm",
+        "AsyncLLM.generate",
+        keywords=("lora_request", "priority", "session_id"),
+    ),
     # engine/seam/vllm_group.py and vllm_engine.start_engine(client=...): engine cores for several
     # front ends, as run_multi_api_server in vllm/entrypoints/cli/serve.py
     _u(

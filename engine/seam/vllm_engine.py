@@ -1,8 +1,8 @@
-"""vLLM's engine API as the request path uses it: start, render, sampling, errors.
+"""vLLM's engine API as the request path uses it: start, sampling, errors.
 
 vLLM's API moves between releases, so every vLLM import of the package is in ``engine/seam/``
 (docs/compatibility.md; ``tests/vllm_contract.py`` lists each name used): this module
-(``AsyncLLM``, the renderer, ``SamplingParams``, vLLM's exceptions), :mod:`.vllm_lora`
+(``AsyncLLM``, ``SamplingParams``, vLLM's exceptions), :mod:`.vllm_render` (the renderer), :mod:`.vllm_lora`
 (``LoRARequest``, adapters loaded outside a batch), :mod:`.vllm_parsing` (vLLM's tool and
 reasoning parsers, which take the OpenAI server's request type), :mod:`.vllm_pooling` (the
 pooling API of embeddings and scoring), :mod:`.vllm_stats` (stat loggers) and
@@ -13,7 +13,6 @@ Imported only when an engine starts: importing :mod:`vllm_inline.engine` does no
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 from collections.abc import Mapping
@@ -25,9 +24,11 @@ from vllm.config import StructuredOutputsConfig
 from vllm.envs import disable_envs_cache, enable_envs_cache
 from vllm.exceptions import VLLMValidationError
 from vllm.platforms import current_platform
-from vllm.renderers.inputs.preprocess import parse_model_prompt
-from vllm.renderers.params import ChatParams
-from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+from vllm.sampling_params import (
+    RepetitionDetectionParams,
+    RequestOutputKind,
+    StructuredOutputsParams,
+)
 from vllm.utils.gc_utils import freeze_gc_heap
 from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -54,12 +55,9 @@ __all__ = [
     "check_engine_kwargs",
     "engine_options",
     "error_kind",
-    "is_media_error",
     "make_sampling_params",
     "map_error",
     "media_limits",
-    "render_chat",
-    "render_prompt",
     "start_engine",
 ]
 
@@ -70,13 +68,25 @@ _SAMPLING_NAMES = frozenset(
 
 
 def check_engine_kwargs(model: str, kwargs: Mapping[str, Any]) -> None:
-    """Refuse engine options that ``AsyncEngineArgs`` does not know."""
+    """Refuse engine options that ``AsyncEngineArgs`` does not know, and an engine ``seed``
+    outside ``[0, 2**32 - 1]``: vLLM 0.34's ``ModelConfig`` refuses it (a pydantic error at
+    start); up to 0.33 it fails later, in the worker's ``np.random.seed``. Refused here on every
+    release, naming the option, before anything starts."""
     unknown = sorted(set(kwargs) - _ENGINE_ARG_NAMES - {"model"})
     if unknown:
         raise ModelLoadError(
             f"Unknown vLLM engine option(s) {unknown} for {model!r}: vllm_kwargs must be "
             "AsyncEngineArgs fields (e.g. dtype, max_model_len, gpu_memory_utilization, "
             "tensor_parallel_size)."
+        )
+    seed = kwargs.get("seed")
+    if seed is not None and (
+        isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= 2**32 - 1
+    ):
+        raise ModelLoadError(
+            f"seed={seed!r} for {model!r}: the engine's seed must be an integer from 0 to "
+            "2**32 - 1 (vLLM seeds numpy with it). Pass one in that range, or a per-request "
+            "seed in the sampling options."
         )
 
 
@@ -181,63 +191,6 @@ def _warn_if_unsupported() -> None:
     )
 
 
-async def render_chat(
-    llm: AsyncLLM,
-    messages: list[dict[str, Any]],
-    *,
-    chat_template: str | None,
-    chat_template_kwargs: Mapping[str, Any] | None,
-    tools: list[dict[str, Any]] | None,
-    offload: bool = True,
-) -> Any:
-    """Render ``messages`` with the model's template through vLLM's renderer; an engine input.
-    ``offload``: in the renderer's thread pool (its async entry point, as vLLM's server), else
-    on this thread, the engine loop (its sync entry point, as ``vllm.LLM.chat``)."""
-    renderer = llm.renderer
-    params = ChatParams(
-        chat_template=chat_template,
-        chat_template_kwargs={
-            **(chat_template_kwargs or {}),
-            "add_generation_prompt": True,
-            "continue_final_message": False,
-            "tools": tools,
-        },
-    )
-    # The template emits BOS itself, as in vLLM's chat API.
-    tok_params = renderer.default_chat_tok_params.with_kwargs(add_special_tokens=False)
-    # Checked OpenAI-style dicts (request/messages.py); vLLM types them as its TypedDicts.
-    conversations: list[Any] = [_renderer_copy(messages)]
-    if offload:
-        _, (engine_input,) = await renderer.render_chat_async(conversations, params, tok_params)
-    else:
-        _, (engine_input,) = renderer.render_chat(conversations, params, tok_params)
-    return engine_input
-
-
-def _renderer_copy(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``messages`` as vLLM's renderer may take them.
-
-    The renderer decodes tool-call arguments in place (``_postprocess_messages``): messages with
-    ``tool_calls`` are deep-copied, so the request's messages (also given to the output parsers)
-    keep their JSON-string arguments. The others are handed over as they are: the renderer
-    builds new messages from them and changes nothing in them, and a deep copy of every message
-    of every request was 6 % of the caller's CPU in a 256-input batch.
-    """
-    out = []
-    for message in messages:
-        if message.get("tool_calls"):
-            # PIL images are shared, not copied: the memo maps each to itself.
-            content = message.get("content")
-            memo = {
-                id(part["image_pil"]): part["image_pil"]
-                for part in (content if isinstance(content, list) else ())
-                if part.get("type") == "image_pil"
-            }
-            message = copy.deepcopy(message, memo)
-        out.append(message)
-    return out
-
-
 def media_limits(llm: AsyncLLM) -> dict[str, Any]:
     """What the engine allows for images, from vLLM's model config: the fields of
     :class:`vllm_inline.engine.life.runtime.MediaPolicy`."""
@@ -250,22 +203,6 @@ def media_limits(llm: AsyncLLM) -> dict[str, Any]:
         "allowed_local_media_path": config.allowed_local_media_path or "",
         "allowed_media_domains": tuple(config.allowed_media_domains or ()),
     }
-
-
-def is_media_error(e: BaseException) -> bool:
-    """True for an error of vLLM's media loading (a fetch that failed or timed out)."""
-    import asyncio
-
-    import aiohttp
-
-    return isinstance(e, (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError))
-
-
-async def render_prompt(llm: AsyncLLM, prompt: str) -> Any:
-    """Tokenize a pre-formatted prompt as is (no template) into an engine input."""
-    parsed = parse_model_prompt(llm.model_config, prompt)
-    (engine_input,) = await llm.renderer.render_cmpl_async([parsed])
-    return engine_input
 
 
 def make_sampling_params(
@@ -286,6 +223,13 @@ def make_sampling_params(
             structured = StructuredOutputsParams(**structured_outputs)
         except (TypeError, ValueError) as e:
             raise BadRequestError.invalid("structured_outputs", structured_outputs, str(e)) from e
+    values = dict(values)
+    detection = values.get("repetition_detection")
+    if isinstance(detection, Mapping):
+        try:
+            values["repetition_detection"] = RepetitionDetectionParams(**detection)
+        except (VLLMValidationError, ValueError, TypeError) as e:
+            raise BadRequestError.invalid("repetition_detection", detection, str(e)) from e
     try:
         return SamplingParams(
             **values,

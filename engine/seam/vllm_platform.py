@@ -13,7 +13,7 @@ from typing import Any
 from vllm import AsyncEngineArgs
 from vllm.platforms import current_platform
 
-__all__ = ["is_cpu", "measure_facts"]
+__all__ = ["block_size", "is_cpu", "measure_facts"]
 
 
 def is_cpu() -> bool:
@@ -61,6 +61,15 @@ def _weights_bytes(model: str) -> int | None:
     return next((size for size in sizes.values() if size), None)
 
 
+def block_size(kwargs: Mapping[str, Any]) -> int:
+    """The KV block size the engine will have: the ``block_size`` option, else vLLM's default
+    (``CacheConfig.DEFAULT_BLOCK_SIZE``: 16 up to 0.33, 64 from 0.34), read from vLLM rather
+    than assumed. (vLLM's CPU platform overrides it for MLA models, to 16, a divisor of both.)"""
+    from vllm.config import CacheConfig
+
+    return int(kwargs.get("block_size") or CacheConfig.DEFAULT_BLOCK_SIZE)
+
+
 def _model_facts(model: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """KV elements per token, context window and checkpoint dtype, from vLLM's ModelConfig."""
     from vllm.config import ParallelConfig
@@ -101,7 +110,8 @@ def measure_facts(model: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         free, total = _gpu_memory()
         return {
             "is_cpu": False, "free_memory_bytes": free, "total_memory_bytes": total,
-            "weights_bytes": _weights_bytes(model), **model_facts,
+            "weights_bytes": _weights_bytes(model), "block_size": block_size(kwargs),
+            **model_facts,
         }  # fmt: skip
     from vllm.utils.cpu_resource_utils import get_memory_node_info, get_visible_memory_node
 
@@ -115,6 +125,7 @@ def measure_facts(model: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         "total_memory_bytes": int(node.total_memory),
         "cpu_flags": _cpu_flags(),
         "weights_bytes": _weights_bytes(model),
+        "block_size": block_size(kwargs),
         **model_facts,
     }
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from vllm_inline.engine.life.metrics import RequestMetrics
 
-__all__ = ["Delta", "TokenLogprob", "ToolCallDelta", "Usage", "coalesce"]
+__all__ = ["Delta", "RankedLogprob", "TokenLogprob", "ToolCallDelta", "Usage", "coalesce"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +62,22 @@ class TokenLogprob:
     """Log probability of the token."""
     top_logprobs: tuple[tuple[str, float], ...] = ()
     """The most likely tokens at this step, as ``(text, logprob)``."""
+    top_token_ids: tuple[int, ...] = ()
+    """The ids of :attr:`top_logprobs`, in the same order."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankedLogprob:
+    """One token's log probability at a prompt position, as vLLM reports it."""
+
+    token_id: int
+    """Token id."""
+    logprob: float
+    """Log probability of the token there."""
+    rank: int | None
+    """Its rank among all tokens at that position (1: the most likely)."""
+    token: str | None
+    """Decoded text of the token."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +109,12 @@ class Delta:
     metrics: RequestMetrics | None = None
     """Timings of the request (queue, first token, prefill, decode, end to end), on the last
     delta of the request."""
+    prompt_token_ids: tuple[int, ...] | None = None
+    """The rendered prompt's token ids, on the first delta of the request."""
+    prompt_logprobs: tuple[tuple[RankedLogprob, ...] | None, ...] | None = None
+    """Per prompt token (the first has none: ``None``), its log probability and those of the
+    most likely tokens there, on the first delta of a request that asked for
+    ``prompt_logprobs``."""
 
 
 def coalesce(deltas: list[Delta]) -> list[Delta]:
@@ -144,4 +166,6 @@ def _joined(run: list[Delta]) -> Delta:
         stop_reason=last.stop_reason,
         usage=last.usage,
         metrics=last.metrics,
+        prompt_token_ids=run[0].prompt_token_ids,
+        prompt_logprobs=run[0].prompt_logprobs,
     )

@@ -35,10 +35,10 @@ from vllm_inline.engine.life.metrics import request_metrics
 from vllm_inline.engine.life.runtime import Runtime
 from vllm_inline.engine.request.images import text_view
 from vllm_inline.engine.request.lora import lora_request
-from vllm_inline.engine.request.render import render
+from vllm_inline.engine.request.render import render, template_kwargs
 from vllm_inline.engine.request.request import Request
-from vllm_inline.engine.request.sampling import final_sampling
-from vllm_inline.engine.stream.deltas import Delta, TokenLogprob, Usage
+from vllm_inline.engine.request.sampling import final_sampling, special_tokens_hidden
+from vllm_inline.engine.stream.deltas import Delta, RankedLogprob, TokenLogprob, Usage
 from vllm_inline.engine.stream.parsing import OutputParser, make_parser_factory
 
 __all__ = ["generate"]
@@ -65,7 +65,7 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
             tool_choice=request.tool_choice,
             tool_parser=request.tool_parser,
             reasoning_parser=request.reasoning_parser,
-            chat_template_kwargs=request.chat_template_kwargs,
+            chat_template_kwargs=template_kwargs(request) if request.messages else None,
         )
         values = final_sampling(
             request.sampling,
@@ -75,16 +75,27 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
             max_model_len=runtime.max_model_len,
             prompt_tokens=prompt_tokens,
         )
+        if make_parser.skip_special_tokens is False and special_tokens_hidden(
+            request.sampling, runtime.model_defaults
+        ):
+            make_parser.hide_special_tokens()  # the parsers needed them; the caller did not
         structured = request.structured_outputs or make_parser.structured_outputs
         params = vllm_engine.make_sampling_params(values, structured, stream=request.stream)
         lora = await lora_request(runtime, request.lora)
         parsers: dict[int, OutputParser] = {}
         completion_tokens = 0
         pending_ids: dict[int, list[int]] = {}
+        first = True  # the request's first delta carries the prompt's ids (and logprobs)
         for attempt in (1, 2):
             request_id = f"vllm-inline-{next(_request_ids)}"
+            more = {"session_id": request.session_id} if request.session_id is not None else {}
             stream = llm.generate(
-                engine_input, params, request_id, lora_request=lora, priority=request.priority
+                engine_input,
+                params,
+                request_id,
+                lora_request=lora,
+                priority=request.priority,
+                **more,
             )
             async for out in stream:
                 if out.finished and any(c.finish_reason == "error" for c in out.outputs):
@@ -101,6 +112,8 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
                     else:  # FINAL_ONLY: the whole answer of a finished choice
                         parsed = parser.parse(c.text, c.token_ids)
                     text, reasoning, tool_calls = parsed
+                    if not request.include_reasoning:
+                        reasoning = ""  # parsed out, then dropped, as vLLM's server does
                     if finish == "stop" and parser.called_tools:
                         finish = "tool_calls"
                     usage = metrics = None
@@ -115,6 +128,12 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
                     if not (text or reasoning or tool_calls or finish):
                         pending_ids[c.index] = ids  # partial UTF-8: carried to the next delta
                         continue
+                    prompt_info: dict[str, Any] = {}
+                    if first:
+                        first = False
+                        prompt_info["prompt_token_ids"] = tuple(prompt_ids)
+                        if out.prompt_logprobs is not None:
+                            prompt_info["prompt_logprobs"] = _prompt_logprobs(out.prompt_logprobs)
                     yield Delta(
                         text=text,
                         reasoning=reasoning,
@@ -128,6 +147,7 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
                         stop_reason=c.stop_reason,
                         usage=usage,
                         metrics=metrics,
+                        **prompt_info,
                     )
 
             else:
@@ -165,6 +185,22 @@ def _logprobs(
                     for tid, lp in ranked
                     if tid != token_id or len(step) == 1
                 ),
+                top_token_ids=tuple(tid for tid, lp in ranked if tid != token_id or len(step) == 1),
             )
         )
     return tuple(out)
+
+
+def _prompt_logprobs(
+    positions: Sequence[Mapping[int, Any] | None],
+) -> tuple[tuple[RankedLogprob, ...] | None, ...]:
+    """vLLM's per-prompt-position ``{token_id: Logprob}`` dicts (``None`` for the first)."""
+    return tuple(
+        None
+        if step is None
+        else tuple(
+            RankedLogprob(tid, float(lp.logprob), lp.rank, lp.decoded_token)
+            for tid, lp in step.items()
+        )
+        for step in positions
+    )

@@ -15,7 +15,9 @@ For an app that serves the engine over HTTP to OpenAI clients (``vllm_inline.ser
 Nothing here does I/O or knows the engine: dicts in, dicts out, ready for ``json.dumps``. The
 fields, their nesting and their nulls are ``vllm serve``'s (vLLM 0.32, ``openai.types.chat``
 plus vLLM's ``stop_reason``, ``token_ids``, ``prompt_token_ids``, ...; tests/test_server_parity.py
-compares the two servers). Three differences are kept on purpose: ``usage`` always reports
+compares the two servers), as the installed vLLM's server sends them: from 0.34 it leaves
+``message.annotations`` and ``usage.prompt_tokens_details`` out when they are null, where
+earlier releases send the nulls (:func:`empty_fields_left_out`). Three differences are kept on purpose: ``usage`` always reports
 cached prompt tokens (``prompt_tokens_details.cached_tokens``, which ``vllm serve`` sends only
 with ``--enable-prompt-tokens-details``); the fragments of one tool call in one chunk are one
 entry (clients read two entries of one chunk as two calls); vLLM's internal fields
@@ -30,12 +32,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from vllm_inline.engine.seam.versions import installed_at_least
 from vllm_inline.engine.stream.deltas import Delta, TokenLogprob, ToolCallDelta, Usage
 
 __all__ = [
+    "EMPTY_FIELDS_LEFT_OUT_SINCE",
     "chunk_from_delta",
     "completion_from_deltas",
+    "empty_fields_left_out",
     "logprobs_dict",
+    "pooling_usage",
     "role_chunk",
     "text_chunk_from_delta",
     "text_completion_from_deltas",
@@ -45,6 +51,17 @@ __all__ = [
 
 _LOWEST_LOGPROB = -9999.0
 """vLLM's server clamps log probabilities here (``-inf`` is not JSON)."""
+
+EMPTY_FIELDS_LEFT_OUT_SINCE = "0.34.0"
+"""The vLLM release whose server leaves ``ChatMessage.annotations`` and
+``UsageInfo.prompt_tokens_details`` out when they are null (pydantic's ``exclude_if`` on both
+fields)."""
+
+
+def empty_fields_left_out() -> bool:
+    """Whether the installed vLLM's server leaves the null ``annotations`` and
+    ``prompt_tokens_details`` out (0.34 and newer) rather than sending them as null."""
+    return installed_at_least(EMPTY_FIELDS_LEFT_OUT_SINCE)
 
 
 def usage_dict(usage: Usage, *, streamed: bool = False) -> dict[str, Any]:
@@ -60,6 +77,20 @@ def usage_dict(usage: Usage, *, streamed: bool = False) -> dict[str, Any]:
     if not streamed:
         out["completion_tokens_details"] = None
     return out
+
+
+def pooling_usage(tokens: int) -> dict[str, Any]:
+    """``vllm serve``'s ``usage`` of an embedding or scoring answer: the prompt tokens, no
+    details (their null left out from vLLM 0.34, :func:`empty_fields_left_out`)."""
+    usage: dict[str, Any] = {
+        "prompt_tokens": tokens,
+        "total_tokens": tokens,
+        "completion_tokens": 0,
+    }
+    if not empty_fields_left_out():
+        usage["prompt_tokens_details"] = None
+    usage["completion_tokens_details"] = None
+    return usage
 
 
 def logprobs_dict(logprobs: Iterable[TokenLogprob], top: int | None = None) -> dict[str, Any]:
@@ -253,14 +284,10 @@ def completion_from_deltas(
     choices = []
     for i in sorted(texts):
         text = "".join(texts[i])
-        message: dict[str, Any] = {
-            "role": "assistant",
-            "content": text,
-            "refusal": None,
-            "annotations": None,
-            "audio": None,
-            "function_call": None,
-        }
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if not empty_fields_left_out():
+            message["annotations"] = None
+        message.update(audio=None, function_call=None)
         if i in calls:
             message["tool_calls"] = [calls[i][k] for k in sorted(calls[i])]
             message["content"] = text or None

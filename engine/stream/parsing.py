@@ -12,7 +12,9 @@ structured-output constraint that enforces ``tool_choice="required"`` or a named
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any, cast
 
 from vllm_inline.engine.errors import BadRequestError
@@ -51,12 +53,23 @@ class _VLLMOutputParser(OutputParser):
     """One vLLM ``Parser`` per choice, driven by ``parse_delta``."""
 
     def __init__(
-        self, parser: Parser, request: ChatCompletionRequest, prompt_token_ids: list[int]
+        self,
+        parser: Parser,
+        request: ChatCompletionRequest,
+        prompt_token_ids: list[int],
+        hidden: re.Pattern[str] | None = None,
     ) -> None:
         self._parser = parser
         self._request = request
         self._prompt_token_ids: list[int] | None = prompt_token_ids
+        self._hidden = hidden
         self.called_tools = False
+
+    def _visible(self, text: str) -> str:
+        """``text`` without the special tokens the caller asked to have skipped (a parser needed
+        them in the text it reads; those it did not consume are not the caller's text). A special
+        token reaches the parser whole in one delta: vLLM detokenizes it as one piece."""
+        return self._hidden.sub("", text) if self._hidden is not None and text else text
 
     def feed(self, text: str, token_ids: Sequence[int], finished: bool) -> _Parsed:
         message = self._parser.parse_delta(
@@ -76,7 +89,7 @@ class _VLLMOutputParser(OutputParser):
         )
         if calls:
             self.called_tools = True
-        return message.content or "", message.reasoning or "", calls
+        return self._visible(message.content or ""), self._visible(message.reasoning or ""), calls
 
     def parse(self, text: str, token_ids: Sequence[int]) -> _Parsed:
         # As vLLM's server answers a request without stream: ``Parser.parse`` on the whole
@@ -97,7 +110,8 @@ class _VLLMOutputParser(OutputParser):
         )
         if calls:
             self.called_tools = True
-        return content or "", (reasoning or "") if self._request.include_reasoning else "", calls
+        reasoning = (reasoning or "") if self._request.include_reasoning else ""
+        return self._visible(content or ""), self._visible(reasoning), calls
 
 
 class ParserFactory:
@@ -110,6 +124,11 @@ class ParserFactory:
 
     def __call__(self, prompt_token_ids: list[int]) -> OutputParser:
         return OutputParser()
+
+    def hide_special_tokens(self) -> None:
+        """Have the parsers made from now on remove the tokenizer's special tokens from the text
+        and reasoning they return: the caller asked for them skipped, the parsers needed them
+        (:attr:`skip_special_tokens`), so the engine kept them. Nothing to do without parsers."""
 
 
 class _VLLMParserFactory(ParserFactory):
@@ -152,6 +171,10 @@ class _VLLMParserFactory(ParserFactory):
         from vllm_inline.engine.seam.vllm_parsing import required_skip_special_tokens
 
         self.skip_special_tokens = required_skip_special_tokens(self._request)
+        self._hidden: re.Pattern[str] | None = None
+
+    def hide_special_tokens(self) -> None:
+        self._hidden = _special_tokens(self._tokenizer)
 
     def __call__(self, prompt_token_ids: list[int]) -> OutputParser:
         tools: Any = self._request.tools  # as in __init__
@@ -161,7 +184,21 @@ class _VLLMParserFactory(ParserFactory):
             model_config=self._model_config,
             chat_template_kwargs=self._request.chat_template_kwargs or {},
         )
-        return _VLLMOutputParser(parser, self._request, prompt_token_ids)
+        return _VLLMOutputParser(parser, self._request, prompt_token_ids, self._hidden)
+
+
+@lru_cache(maxsize=16)
+def _special_tokens(tokenizer: TokenizerLike) -> re.Pattern[str] | None:
+    """A pattern of the texts ``skip_special_tokens`` leaves out: the added tokens marked special
+    (what a Hugging Face fast tokenizer skips), else the tokenizer's named special tokens; longest
+    first, so that no match leaves part of a longer token. Once per tokenizer (an engine's)."""
+    added: Any = getattr(tokenizer, "added_tokens_decoder", None)
+    if isinstance(added, Mapping) and added:
+        found = {str(t.content) for t in added.values() if getattr(t, "special", False)}
+    else:
+        found = {str(t) for t in getattr(tokenizer, "all_special_tokens", ())}
+    tokens = sorted((t for t in found if t), key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, tokens))) if tokens else None
 
 
 def _tighten_structural_tag(tag: str) -> str:

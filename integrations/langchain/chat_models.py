@@ -57,6 +57,7 @@ _REQUEST_FIELDS = (
     "lora",
     "timeout",
     "priority",
+    "reasoning_effort",
 )
 
 
@@ -153,10 +154,18 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
     """vLLM's scheduling priority of every call, lower first (a call's ``priority=`` replaces
     it). Needs ``vllm_kwargs={"scheduling_policy": "priority"}``. Default ``None`` (0)."""
 
+    reasoning_effort: str | None = None
+    """OpenAI's ``reasoning_effort`` (``"none"``, ``"minimal"``, ``"low"``, ``"medium"``,
+    ``"high"``, ...), as ``vllm serve`` takes it: a chat-template variable, and
+    ``enable_thinking`` (``False`` for ``"none"``) unless ``chat_template_kwargs`` sets it. A
+    call's ``reasoning_effort=`` replaces it. Default ``None``: the template's default."""
+
     extra_sampling: dict[str, Any] = Field(default_factory=dict)
-    """Other vLLM sampling values for every call (``min_p``, ``presence_penalty``,
-    ``ignore_eos``, ...); a field's name (``temperature``, ``stop``, ...) is refused here.
-    Default ``{}``."""
+    """Other vLLM sampling values and request options for every call (``min_p``,
+    ``presence_penalty``, ``ignore_eos``, ``bad_words``, ``allowed_token_ids``,
+    ``thinking_token_budget``, ``cache_salt``, ``include_reasoning``, ...: docs/server.md's
+    field table, kinds ``sampling``, ``prompt`` and ``request``); a field's name
+    (``temperature``, ``stop``, ...) is refused here. Default ``{}``."""
 
     streaming: bool = False
     """``True``: ``invoke`` streams (LangChain calls ``_stream`` and fires ``on_llm_new_token``

@@ -120,9 +120,17 @@ class VLLM(SchemaConstrainedLLM):
         description="vLLM's scheduling priority, lower first (a call's priority=... replaces "
         "it). Needs vllm_kwargs={'scheduling_policy': 'priority'}. Default: None (0).",
     )
+    reasoning_effort: str | None = Field(
+        default=None,
+        description="OpenAI's reasoning_effort ('none', 'low', 'medium', 'high', ...), as vllm "
+        "serve takes it: a chat-template variable, and enable_thinking (False for 'none') unless "
+        "chat_template_kwargs sets it. Default: None (the template's default).",
+    )
     additional_kwargs: dict[str, Any] = Field(
         default_factory=dict,
-        description="Other vLLM sampling values (seed, top_k, min_p, ...). Default: {}.",
+        description="Other vLLM sampling values and request options (seed, top_k, min_p, "
+        "bad_words, allowed_token_ids, cache_salt, include_reasoning, ...: docs/server.md's "
+        "field table). Default: {}.",
     )
 
     _engine: Engine | None = PrivateAttr(default=None)

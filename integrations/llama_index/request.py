@@ -30,6 +30,7 @@ REQUEST_FIELDS = (
     "lora",
     "timeout",
     "priority",
+    "reasoning_effort",
 )
 """``VLLM``'s request fields: engine options that are not sampling values."""
 

@@ -28,6 +28,7 @@ from vllm_inline.server.responses import (
     open_store,
     responses_router,
 )
+from vllm_inline.server.tokens import tokens_router
 
 __all__ = ["OpenAIServer", "create_app"]
 
@@ -118,6 +119,7 @@ class OpenAIServer:
         app.add_exception_handler(ModelNotFoundError, not_found)
         app.include_router(chat_router(self.models, self.limits, self.reasoning_field))
         app.include_router(pooling_router(self.models, self.limits))
+        app.include_router(tokens_router(self.models, self.limits))
         app.include_router(
             responses_router(
                 self.models,

@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import aclosing, contextmanager
 from functools import partial
 from typing import Any
@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from vllm_inline.engine import (
     DEFAULTS,
+    BadRequestError,
     ContextLengthExceededError,
     Delta,
     Usage,
@@ -37,6 +38,13 @@ from vllm_inline.engine.stream.openai_format import (
     usage_chunk,
 )
 from vllm_inline.server.errors import InvalidBodyError, error_body, status_of
+from vllm_inline.server.extras import (
+    chat_extras,
+    chat_stream_extras,
+    echo_text,
+    next_offset,
+    text_choice_extras,
+)
 from vllm_inline.server.guard import check_caps
 from vllm_inline.server.limits import Limits
 from vllm_inline.server.models import ServedModels
@@ -64,18 +72,30 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
         check_caps(body, limits.max_tokens_cap, limits.max_n)
         if limits.max_tokens_cap is not None and "max_tokens" not in kwargs:
             kwargs["max_tokens"] = min(limits.max_tokens_cap, int(DEFAULTS["max_tokens"]))
+        prompt_logprobs = kwargs.get("prompt_logprobs")
+        if body.get("stream") and prompt_logprobs is not None and prompt_logprobs != 0:
+            raise BadRequestError(
+                "`prompt_logprobs` are not available when `stream=True`.",
+                parameter="prompt_logprobs",
+                value=prompt_logprobs,
+            )
         return kwargs
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = await read_body(request)
         served = models.find("chat", body.get("model"))
-        kwargs = prepare(body, chat_kwargs(body))
+        kwargs = chat_kwargs(body, limits)
+        if body.get("echo") and kwargs.get("prompt_logprobs") is None:
+            # As vLLM's to_sampling_params: an echo comes with the prompt's logprobs.
+            kwargs["prompt_logprobs"] = body.get("top_logprobs") or 0
+        kwargs = prepare(body, kwargs)
         meta: dict[str, Any] = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "id": f"chatcmpl-{request_id(body)}",
             "model": served.name,
             "created": now(),
         }
+        decode = decoder(served.engine)
         top_logprobs = kwargs.get("logprobs")
         deltas = served.engine.astream(body.get("messages"), **kwargs)
         if not body.get("stream"):
@@ -89,8 +109,9 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
                 system_fingerprint=served.fingerprint,
                 **meta,
             )
-            return JSONResponse(whole)
+            return JSONResponse(chat_extras(whole, answer, body, decode))
         usage = include_usage(body)
+        echo = echo_text(body)
         # As `vllm serve`: the fingerprint ends the stream, on the usage chunk when there is one.
         fingerprint = None if usage else served.fingerprint
         tool_calls_sent: set[int] = set()
@@ -108,7 +129,24 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
                 system_fingerprint=fingerprint,
                 **meta,
             )
-            return [role_chunk(delta.index, **meta), chunk] if first else [chunk]
+            chunk = chat_stream_extras(chunk, delta, body, decode)
+            if not first:
+                return [chunk]
+            role = chat_stream_extras(role_chunk(delta.index, **meta), delta, body, decode)
+            if not echo:
+                return [role, chunk]
+            said = {  # as vLLM's echo chunk: no prompt fields
+                **{k: v for k, v in role_chunk(delta.index, **meta).items() if "prompt" not in k},
+                "choices": [
+                    {
+                        "index": delta.index,
+                        "delta": {"content": echo},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+            return [role, said, chunk]
 
         ending = partial(usage_chunk, system_fingerprint=served.fingerprint) if usage else None
         return await streamed(request, [deltas], chunks, meta, ending, "chat.completion.chunk")
@@ -117,13 +155,21 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
     async def completions(request: Request) -> Response:
         body = await read_body(request)
         served = models.find("chat", body.get("model"))
-        kwargs = prepare(body, completion_kwargs(body))
+        kwargs = prepare(body, completion_kwargs(body, limits))
         prompts = prompts_of(body)
         meta: dict[str, Any] = {
-            "id": f"cmpl-{uuid.uuid4().hex}",
+            "id": f"cmpl-{request_id(body)}",
             "model": served.name,
             "created": now(),
         }
+        decode = decoder(served.engine)
+
+        def as_text(prompt: str | list[int]) -> str:
+            """The prompt as an echo writes it (token ids decoded, only for an echo)."""
+            if isinstance(prompt, str) or not body.get("echo"):
+                return prompt if isinstance(prompt, str) else ""
+            return decode(prompt)
+
         streams = [served.engine.astream(prompt=p, **kwargs) for p in prompts]
         if not body.get("stream"):
             work = asyncio.gather(*(collect(s) for s in streams))
@@ -134,16 +180,27 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
             whole = text_completion_from_deltas(
                 answers, system_fingerprint=served.fingerprint, **meta
             )
+            choices = iter(whole["choices"])
+            for prompt, deltas in zip(prompts, answers):  # in text_completion_from_deltas' order
+                for index in sorted({d.index for d in deltas}):
+                    mine = [d for d in deltas if d.index == index]
+                    text_choice_extras(next(choices), mine, body, as_text(prompt), decode)
             return JSONResponse(whole)
         n = int(kwargs.get("n") or 1)
+        offsets: dict[int, int] = {}  # each streamed choice's logprobs text offset so far
         usage = include_usage(body)
         fingerprint = None if usage else served.fingerprint
 
         def chunks(delta: Delta, first: bool, prompt: int) -> list[dict[str, Any]]:
             index = prompt * n + delta.index
-            return [
-                text_chunk_from_delta(delta, index=index, system_fingerprint=fingerprint, **meta)
-            ]
+            chunk = text_chunk_from_delta(
+                delta, index=index, system_fingerprint=fingerprint, **meta
+            )
+            text = as_text(prompts[prompt]) if first else ""
+            choice, at = chunk["choices"][0], offsets.get(index, 0)
+            text_choice_extras(choice, [delta], body, text, decode, first, at)
+            offsets[index] = next_offset(choice, at)
+            return [chunk]
 
         ending = partial(usage_chunk, system_fingerprint=served.fingerprint) if usage else None
         with prompt_too_long():
@@ -154,6 +211,23 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
 
 def now() -> int:
     return int(time.time())
+
+
+def request_id(body: Mapping[str, Any]) -> str:
+    """The response id's tail: the body's ``request_id``, as ``vllm serve`` takes it, else a
+    fresh one."""
+    given = body.get("request_id")
+    return given if isinstance(given, str) and given else uuid.uuid4().hex
+
+
+def decoder(engine: Any) -> Callable[[Sequence[int]], str]:
+    """Token ids to text with the engine's tokenizer, special tokens kept (the prompt as it was
+    rendered: ``return_prompt_text``, an echo's first token)."""
+
+    def decode(ids: Sequence[int]) -> str:
+        return str(engine.tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    return decode
 
 
 @contextmanager

@@ -1,4 +1,5 @@
-"""What a server refuses before any engine work: the API key, the body size, the caps."""
+"""What a server refuses before any engine work: the API key, the body size, the caps, request
+fields it does not know, and the request fields it only takes from trusted clients."""
 
 from __future__ import annotations
 
@@ -32,6 +33,18 @@ class Limits:
     max_documents: int | None = 1000
     """Inputs of one embeddings request, or documents of one rerank or score request, over this
     are refused (400); ``None``: no cap."""
+
+    strict_fields: bool = False
+    """``True``: a request field the server does not know is refused (400 naming it).
+    ``False``: it is ignored with one warning line, as ``vllm serve`` ignores it
+    (docs/server.md lists every field it knows)."""
+    trust_request_chat_template: bool = False
+    """Take a request's ``chat_template`` (or ``chat_template_kwargs["chat_template"]``); else
+    it is refused (400), as ``vllm serve`` does without ``--trust-request-chat-template``."""
+    trust_request_mm_kwargs: bool = False
+    """Take a request's ``mm_processor_kwargs`` and ``media_io_kwargs`` (they change how much
+    work an image costs); else they are refused (400), as ``vllm serve`` does without
+    ``--trust-request-mm-kwargs``."""
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_tokens_cap", "max_n", "max_documents"):

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from vllm_inline.engine import BadRequestError, Engine
+from vllm_inline.engine.stream.openai_format import pooling_usage
 from vllm_inline.server.chat import read_body
 from vllm_inline.server.limits import Limits
 from vllm_inline.server.models import ServedModels
@@ -62,7 +63,7 @@ def pooling_router(models: ServedModels, limits: Limits) -> APIRouter:
                 "created": int(time.time()),
                 "model": served.name,
                 "data": data,
-                "usage": _usage(tokens),
+                "usage": pooling_usage(tokens),
             }
         )
 
@@ -128,7 +129,7 @@ def pooling_router(models: ServedModels, limits: Limits) -> APIRouter:
                 "created": int(time.time()),
                 "model": served.name,
                 "data": data,
-                "usage": _usage(sum(counts)),
+                "usage": pooling_usage(sum(counts)),
             }
         )
 
@@ -181,16 +182,6 @@ async def _token_counts(
         return [len(tokenizer(query, text)["input_ids"]) for text in texts]
 
     return await asyncio.to_thread(count)
-
-
-def _usage(tokens: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": tokens,
-        "total_tokens": tokens,
-        "completion_tokens": 0,
-        "prompt_tokens_details": None,
-        "completion_tokens_details": None,
-    }
 
 
 def _encode(vector: list[float], encoding: str) -> list[float] | str:

@@ -273,6 +273,22 @@ SCENARIOS: dict[str, Scenario] = {
             tool_call=("get_weather", '{"city": "Oslo"}'),
             tool_parser="hermes",
         ),
+        # Llama 3.1's JSON tool call (the format its template asks for, "parameters" as Llama
+        # writes it), after <|python_tag|> (a special token: skip_special_tokens decides
+        # whether the parser sees it), split inside the arguments so that a parser that
+        # streams them sends fragments.
+        _llama3(
+            "llama3_tools",
+            "<|python_tag|>",
+            '{"name": "get_weather", ',
+            '"parameters": {"city": "Os',
+            "l",
+            "o",
+            '"}}',
+            content=None,
+            tool_call=("get_weather", '{"city": "Oslo"}'),
+            tool_parser="llama3_json",
+        ),
         _chatml("long", *_words(_LONG_ANSWER)),  # no word repeats: one successor each
     )
 }

@@ -9,22 +9,19 @@ tools (``{"type": "function", "name": ...}``) become chat tools; ``reasoning.eff
 chat template as ``reasoning_effort`` and ``enable_thinking``; ``include`` with
 ``message.output_text.logprobs`` asks for ``top_logprobs`` alternatives. What this package
 cannot honour is refused with a 400 naming the field (``background`` with ``stream``,
-``prompt``, ``conversation``, ``truncation: "auto"``, hosted tools); a field neither knows is ignored with
-one warning line, as ``vllm serve`` ignores it.
-"""
+``prompt``, ``conversation``, ``truncation: "auto"``, hosted tools). The route ignores a field
+neither request has (:func:`unknown_fields`) with one warning line, as ``vllm serve`` does, or
+refuses it on a strict server (``Limits.strict_fields``)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
 from vllm_inline.engine import BadRequestError
 from vllm_inline.server.errors import InvalidBodyError
 
-__all__ = ["echoed_fields", "engine_kwargs", "function_tools"]
-
-logger = logging.getLogger("vllm_inline")
+__all__ = ["echoed_fields", "engine_kwargs", "function_tools", "unknown_fields"]
 
 # Sampling fields handed to the engine under the same name.
 _SAMPLING = (
@@ -187,15 +184,15 @@ def _refuse_what_is_not_served(body: Mapping[str, Any]) -> None:
         raise BadRequestError.invalid("include", include, f"a list of {list(_INCLUDABLE)}")
 
 
+def unknown_fields(body: Mapping[str, Any]) -> list[str]:
+    """The body's fields that neither OpenAI's nor vLLM's Responses request has."""
+    return sorted(set(body) - {*_SAMPLING, *_OTHERS})
+
+
 def engine_kwargs(body: Mapping[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any]:
     """The ``Engine.astream`` keyword arguments for a ``/v1/responses`` body (the messages
     come from :func:`~.inputs.conversation`)."""
     _refuse_what_is_not_served(body)
-    unknown = sorted(set(body) - {*_SAMPLING, *_OTHERS})
-    if unknown:
-        logger.warning(
-            "/v1/responses: fields ignored (not known to vLLM's Responses API): %s", unknown
-        )
     kwargs = {k: body[k] for k in _SAMPLING if body.get(k) is not None}
     if body.get("max_output_tokens") is not None:
         kwargs["max_tokens"] = body["max_output_tokens"]

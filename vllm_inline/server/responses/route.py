@@ -27,9 +27,15 @@ from vllm_inline.server.chat import read_body, until_disconnect
 from vllm_inline.server.errors import error_response, status_of
 from vllm_inline.server.limits import Limits
 from vllm_inline.server.models import ServedModels
+from vllm_inline.server.requests import IGNORED_FIELDS_LOG
 from vllm_inline.server.responses.background import BackgroundResponses
 from vllm_inline.server.responses.inputs import conversation
-from vllm_inline.server.responses.params import echoed_fields, engine_kwargs, function_tools
+from vllm_inline.server.responses.params import (
+    echoed_fields,
+    engine_kwargs,
+    function_tools,
+    unknown_fields,
+)
 from vllm_inline.server.responses.store import CANCELLABLE, ResponseStore
 from vllm_inline.server.responses.turn import Turn
 
@@ -85,6 +91,14 @@ def responses_router(
             if stored is None:
                 return _not_found(str(previous), "previous_response_id")
             history = stored.messages
+        unknown = unknown_fields(body)
+        if unknown and limits.strict_fields:
+            name = unknown[0]
+            raise BadRequestError.invalid(
+                name, body[name], "an unrecognized request argument (--strict-fields)"
+            )
+        if unknown:
+            logger.warning(IGNORED_FIELDS_LOG, set(unknown))
         tools = function_tools(body.get("tools"))
         kwargs = engine_kwargs(body, tools)
         if cap is not None and "max_tokens" not in kwargs:
