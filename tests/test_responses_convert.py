@@ -190,3 +190,14 @@ def test_the_fold_leaves_out_what_the_request_turned_off() -> None:
     fold.close()
     assert [item["type"] for item in fold.output] == ["function_call"]
     assert fold.reasoning == "hidden"  # generated, counted, not sent
+
+
+def test_a_reasoning_parser_for_a_model_the_server_lacks_is_refused() -> None:
+    from vllm_inline.engine import Engine
+    from vllm_inline.server import OpenAIServer
+
+    engine = Engine("some/model")  # never started, in no registry: no engine work here
+    with pytest.raises(ValueError, match=r"\['typo'\], which are not chat models"):
+        OpenAIServer(chat={"m": engine}, reasoning_parser={"typo": "qwen3"})
+    server = OpenAIServer(chat={"m": engine}, reasoning_parser="qwen3")
+    assert server.models.find("chat", "m").reasoning_parser == "qwen3"

@@ -216,6 +216,20 @@ def test_reasoning_items_from_the_reasoning_parser(app: App) -> None:
     assert [item.type for item in quiet.output] == ["message"]
 
 
+def test_the_reasoning_parser_serves_the_chat_route_too(app: App) -> None:
+    """As vllm serve's --reasoning-parser: the chat answer's reasoning is message.reasoning."""
+    hi = [{"role": "user", "content": "Hi"}]
+    expected = engine_answer(app.engines["reasoning"], hi, reasoning_parser="qwen3")
+    body = {"model": "reasoning", "messages": hi}
+    answer = httpx.post(f"{app.url}/v1/chat/completions", json=body, timeout=60).json()
+    message = answer["choices"][0]["message"]
+    assert message["reasoning"] == "".join(d.reasoning for d in expected)
+    assert message["content"] == "".join(d.text for d in expected)
+    plain = {"model": "llama3", "messages": hi}  # no parser for this one: the text as it is
+    answer = httpx.post(f"{app.url}/v1/chat/completions", json=plain, timeout=60).json()
+    assert answer["choices"][0]["message"]["content"] == "The answer is complete."
+
+
 def test_instructions_and_message_items(app: App) -> None:
     input_items = [
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello"}]}

@@ -59,8 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-tokens-cap", type=int, help="refuse a larger max_tokens (default: the context)"
     )
     parser.add_argument("--max-n", type=int, default=8, help="refuse a larger n (default: 8)")
-    # /v1/responses (vllm_inline.server.responses): where responses are kept, and what makes
-    # reasoning items.
+    # /v1/responses (vllm_inline.server.responses): where responses are kept; and what parts
+    # reasoning from the answer (as vllm serve's flag: chat and responses).
     parser.add_argument(
         "--responses-store",
         default=None,
@@ -70,7 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--reasoning-parser",
         default=None,
-        help="vLLM's reasoning parser for /v1/responses reasoning items, e.g. qwen3 (default: none)",
+        help="vLLM's reasoning parser for the chat model's answers (message.reasoning, "
+        "/v1/responses reasoning items), e.g. qwen3 (default: none)",
     )
     parser.add_argument(
         "--strict-fields",

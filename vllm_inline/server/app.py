@@ -58,13 +58,22 @@ class OpenAIServer:
         reasoning_parser: str | Mapping[str, str] | None = None,
     ) -> None:
         served = [
-            ServedModel(name, engine, kind)  # type: ignore[arg-type]
+            ServedModel(name, engine, kind, _parser_of(reasoning_parser, name, kind))  # type: ignore[arg-type]
             for kind, given in (("chat", chat), ("embedding", embedding), ("rerank", rerank))
             for name, engine in _named(given)
         ]
         if not served:
             msg = "OpenAIServer needs at least one engine: chat=, embedding= or rerank=."
             raise ValueError(msg)
+        if isinstance(reasoning_parser, Mapping):
+            chat_names = {m.name for m in served if m.kind == "chat"}
+            unknown = sorted(set(reasoning_parser) - chat_names)
+            if unknown:
+                msg = (
+                    f"reasoning_parser names {unknown}, which are not chat models of this "
+                    f"server; its chat models: {sorted(chat_names)}."
+                )
+                raise ValueError(msg)
         self.models = ServedModels(served)
         """The served models, by the names clients send."""
         self.limits = limits or Limits()
@@ -75,9 +84,10 @@ class OpenAIServer:
         self.chat_page = chat_page
         """Serve the chat page at ``/``."""
         self.reasoning_parser = reasoning_parser
-        """vLLM's reasoning parser for the chat models' ``/v1/responses`` answers (their
-        ``reasoning`` items), as ``vllm serve --reasoning-parser``: one name for every chat model,
-        or served names to parsers; ``None``: no reasoning items."""
+        """vLLM's reasoning parser for the chat models' answers (``message.reasoning`` on the
+        chat route, ``reasoning`` items on ``/v1/responses``), as ``vllm serve
+        --reasoning-parser``: one name for every chat model, or served names to parsers;
+        ``None``: the reasoning stays in the text."""
         given = responses_store
         self.responses_store = LazyStore(
             (lambda: given) if isinstance(given, ResponseStore) else (lambda: open_store(given))
@@ -126,7 +136,6 @@ class OpenAIServer:
                 self.limits,
                 self.responses_store,
                 self.background_responses,
-                self.reasoning_parser,
             )
         )
         models = self.models
@@ -158,6 +167,12 @@ class OpenAIServer:
                 page = resources.files("vllm_inline.server").joinpath("chat.html").read_text()
                 page = page.replace("__CHAT_MODELS__", json.dumps(chat_names).replace("</", "<\\/"))
                 return HTMLResponse(page)
+
+
+def _parser_of(parsers: str | Mapping[str, str] | None, name: str, kind: str) -> str | None:
+    if kind != "chat":
+        return None
+    return parsers.get(name) if isinstance(parsers, Mapping) else parsers
 
 
 def _named(given: Engine | Mapping[str, Engine] | None) -> Iterable[tuple[str, Engine]]:

@@ -67,11 +67,10 @@ def responses_router(
     limits: Limits,
     store: Callable[[], ResponseStore],
     background: BackgroundResponses,
-    reasoning_parser: str | Mapping[str, str] | None = None,
 ) -> APIRouter:
-    """The Responses routes for the chat models of ``models``, keeping responses in ``store()``
-    and running background ones in ``background``; ``reasoning_parser``: vLLM's parser that
-    makes reasoning items (one name, or by served model name)."""
+    """The Responses routes for the chat models of ``models`` (reasoning items from each one's
+    ``reasoning_parser``), keeping responses in ``store()`` and running background ones in
+    ``background``."""
     router = APIRouter()
 
     @router.post("/v1/responses")
@@ -103,13 +102,8 @@ def responses_router(
         kwargs = engine_kwargs(body, tools)
         if cap is not None and "max_tokens" not in kwargs:
             kwargs["max_tokens"] = min(cap, int(DEFAULTS["max_tokens"]))
-        parser = (
-            reasoning_parser.get(served.name)
-            if isinstance(reasoning_parser, Mapping)
-            else reasoning_parser
-        )
-        if parser is not None:
-            kwargs["reasoning_parser"] = parser
+        if served.reasoning_parser is not None:
+            kwargs["reasoning_parser"] = served.reasoning_parser
         messages, new = conversation(body.get("input"), body.get("instructions"), history)
         try:  # the engine checks the values here, before any work
             deltas = served.engine.astream(messages, **kwargs)
