@@ -25,7 +25,7 @@ import httpx
 import pytest
 from processes import free_port
 from serving import serving
-from test_server_parity import ENV, assert_same
+from test_server_parity import ENV, assert_same, usage_as_vllm
 
 from vllm_inline.engine import get_engine, start_engines
 from vllm_inline.server import OpenAIServer
@@ -333,3 +333,21 @@ def test_background(pairs: dict[str, Pair]) -> None:
         finals.append(got)
     assert finals[1]["status"] == "completed"
     assert_same_response(*finals, body, "chat")
+
+
+def test_the_reasoning_parser_on_the_chat_route(pairs: dict[str, Pair]) -> None:
+    """The same --reasoning-parser parts the chat answer's message.reasoning on both."""
+    pair = pairs["reasoning"]
+    body = {"model": pair.model, "messages": [{"role": "user", "content": "Hi"}]}
+    vllm, ours = (
+        httpx.post(pair.urls[side] + "/v1/chat/completions", json=body, timeout=300).json()
+        for side in ("vllm", "ours")
+    )
+    # ALLOWED: vLLM's chat route counts the reasoning tokens with a reasoning parser on
+    # (completion_tokens_details.reasoning_tokens); ours leaves completion_tokens_details null
+    # there, as it always has (the Responses route counts them).
+    assert vllm["usage"]["completion_tokens_details"] == {"reasoning_tokens": 3}
+    assert ours["usage"]["completion_tokens_details"] is None
+    vllm["usage"]["completion_tokens_details"] = None
+    assert_same(vllm, usage_as_vllm(ours))
+    assert ours["choices"][0]["message"]["reasoning"].strip() == "Need to think"
