@@ -111,10 +111,11 @@ test-parallel: install
 	$(PY) -m pytest -m parallel tests/parallel $(PYTEST_ARGS)
 
 # The OpenAI-compatible server against vLLM's own (the same requests to both, compared) and as a
-# command in a process of its own (python -m vllm_inline serve with three models): each starts
-# vLLM servers or engines of its own, so kept out of `make test`.
+# command in a process of its own (python -m vllm_inline serve with three models; /v1/responses
+# on serve --workers 2): each starts vLLM servers or engines of its own, so kept out of `make test`.
 test-server: install
-	$(PY) -m pytest -m server tests/test_server_parity.py tests/test_server_cli.py $(PYTEST_ARGS)
+	$(PY) -m pytest -m server tests/test_server_parity.py tests/test_server_cli.py \
+		tests/test_server_responses_parity.py tests/test_server_responses_workers.py $(PYTEST_ARGS)
 
 # Real checkpoints from the package registry (Gemma 3 270M, all-MiniLM-L6-v2), built once per
 # machine under $(REAL_CACHE) by tests/real/checkpoints.py: parity with transformers, embeddings,

@@ -59,6 +59,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-tokens-cap", type=int, help="refuse a larger max_tokens (default: the context)"
     )
     parser.add_argument("--max-n", type=int, default=8, help="refuse a larger n (default: 8)")
+    # /v1/responses (vllm_inline.server.responses): where responses are kept; and what parts
+    # reasoning from the answer (as vllm serve's flag: chat and responses).
+    parser.add_argument(
+        "--responses-store",
+        default=None,
+        help="the SQLite file every worker keeps /v1/responses answers in, or :memory: (one "
+        "worker) (default: $VLLMINLINE_RESPONSES_STORE, else ~/.cache/vllm_inline/responses.sqlite3)",
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        default=None,
+        help="vLLM's reasoning parser for the chat model's answers (message.reasoning, "
+        "/v1/responses reasoning items), e.g. qwen3 (default: none)",
+    )
     parser.add_argument(
         "--strict-fields",
         action="store_true",
@@ -108,6 +122,10 @@ def serve(args: argparse.Namespace) -> int:
     if args.workers > 1:
         from vllm_inline.workers import run
 
+        if getattr(args, "responses_store", None) == ":memory:":
+            print("--responses-store :memory: is one process's; with --workers use a file")
+            return 2
+
         return run(
             f"{__name__}:app_from_environment",
             factory=True,
@@ -156,4 +174,6 @@ def build_app(args: argparse.Namespace) -> Any:
         rerank=args.rerank_model,
         limits=limits,
         vllm_kwargs=args.vllm_kwargs,
+        responses_store=getattr(args, "responses_store", None),
+        reasoning_parser=getattr(args, "reasoning_parser", None),
     )

@@ -1,8 +1,8 @@
 """An OpenAI-compatible server for the engines an app holds: ``/v1/chat/completions``,
-``/v1/completions``, ``/v1/embeddings``, ``/v1/rerank``, ``/v1/score``, ``/v1/models``,
-``/tokenize``, ``/detokenize``, ``/version``, ``/health``, Prometheus ``/metrics`` and a chat
-page at ``/``, in ``vllm serve``'s wire format, taking every field of ``vllm serve``'s chat and
-completion requests (:mod:`vllm_inline.server.fields`).
+``/v1/completions``, ``/v1/responses`` (:mod:`.responses`), ``/v1/embeddings``, ``/v1/rerank``,
+``/v1/score``, ``/v1/models``, ``/tokenize``, ``/detokenize``, ``/version``, ``/health``,
+Prometheus ``/metrics`` and a chat page at ``/``, in ``vllm serve``'s wire format, taking every
+field of ``vllm serve``'s chat and completion requests (:mod:`vllm_inline.server.fields`).
 
 Install the extra: ``pip install 'vllm-inline[server]'`` (FastAPI and uvicorn). Then, in your own
 FastAPI app, next to your own routes, on the engines your chains use::

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -20,6 +21,13 @@ from vllm_inline.server.guard import Guard
 from vllm_inline.server.limits import Limits
 from vllm_inline.server.models import ModelNotFoundError, ServedModel, ServedModels
 from vllm_inline.server.pooling import pooling_router
+from vllm_inline.server.responses import (
+    BackgroundResponses,
+    LazyStore,
+    ResponseStore,
+    open_store,
+    responses_router,
+)
 from vllm_inline.server.tokens import tokens_router
 
 __all__ = ["OpenAIServer", "create_app"]
@@ -46,15 +54,26 @@ class OpenAIServer:
         limits: Limits | None = None,
         reasoning_field: str = "reasoning",
         chat_page: bool = True,
+        responses_store: ResponseStore | str | os.PathLike[str] | None = None,
+        reasoning_parser: str | Mapping[str, str] | None = None,
     ) -> None:
         served = [
-            ServedModel(name, engine, kind)  # type: ignore[arg-type]
+            ServedModel(name, engine, kind, _parser_of(reasoning_parser, name, kind))  # type: ignore[arg-type]
             for kind, given in (("chat", chat), ("embedding", embedding), ("rerank", rerank))
             for name, engine in _named(given)
         ]
         if not served:
             msg = "OpenAIServer needs at least one engine: chat=, embedding= or rerank=."
             raise ValueError(msg)
+        if isinstance(reasoning_parser, Mapping):
+            chat_names = {m.name for m in served if m.kind == "chat"}
+            unknown = sorted(set(reasoning_parser) - chat_names)
+            if unknown:
+                msg = (
+                    f"reasoning_parser names {unknown}, which are not chat models of this "
+                    f"server; its chat models: {sorted(chat_names)}."
+                )
+                raise ValueError(msg)
         self.models = ServedModels(served)
         """The served models, by the names clients send."""
         self.limits = limits or Limits()
@@ -64,6 +83,21 @@ class OpenAIServer:
         (vLLM 0.32), or ``reasoning_content`` for clients that read DeepSeek's name."""
         self.chat_page = chat_page
         """Serve the chat page at ``/``."""
+        self.reasoning_parser = reasoning_parser
+        """vLLM's reasoning parser for the chat models' answers (``message.reasoning`` on the
+        chat route, ``reasoning`` items on ``/v1/responses``), as ``vllm serve
+        --reasoning-parser``: one name for every chat model, or served names to parsers;
+        ``None``: the reasoning stays in the text."""
+        given = responses_store
+        self.responses_store = LazyStore(
+            (lambda: given) if isinstance(given, ResponseStore) else (lambda: open_store(given))
+        )
+        """The store of ``/v1/responses`` (:mod:`vllm_inline.server.responses.store`): a store,
+        an SQLite file's path, ``":memory:"`` (one process only), or ``None`` for
+        ``$VLLMINLINE_RESPONSES_STORE``, else ``~/.cache/vllm_inline/responses.sqlite3``; opened
+        at its first use, closed with the lifespan."""
+        self.background_responses = BackgroundResponses(self.responses_store)
+        """The ``background: true`` responses this process runs (cancelled with the lifespan)."""
 
     @asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
@@ -76,6 +110,8 @@ class OpenAIServer:
         try:
             yield
         finally:
+            await self.background_responses.close()
+            self.responses_store.close()
             for engine in started_here:
                 await asyncio.to_thread(engine.shutdown)
 
@@ -94,6 +130,14 @@ class OpenAIServer:
         app.include_router(chat_router(self.models, self.limits, self.reasoning_field))
         app.include_router(pooling_router(self.models, self.limits))
         app.include_router(tokens_router(self.models, self.limits))
+        app.include_router(
+            responses_router(
+                self.models,
+                self.limits,
+                self.responses_store,
+                self.background_responses,
+            )
+        )
         models = self.models
 
         @app.get("/v1/models")
@@ -123,6 +167,12 @@ class OpenAIServer:
                 page = resources.files("vllm_inline.server").joinpath("chat.html").read_text()
                 page = page.replace("__CHAT_MODELS__", json.dumps(chat_names).replace("</", "<\\/"))
                 return HTMLResponse(page)
+
+
+def _parser_of(parsers: str | Mapping[str, str] | None, name: str, kind: str) -> str | None:
+    if kind != "chat":
+        return None
+    return parsers.get(name) if isinstance(parsers, Mapping) else parsers
 
 
 def _named(given: Engine | Mapping[str, Engine] | None) -> Iterable[tuple[str, Engine]]:

@@ -28,6 +28,9 @@ class ServedModel:
     """The engine that answers for it (shared with the app's own objects on the same model)."""
     kind: Kind
     """``chat`` (chat and text completions), ``embedding`` or ``rerank`` (rerank and score)."""
+    reasoning_parser: str | None = None
+    """vLLM's reasoning parser for a chat model's answers (``vllm serve --reasoning-parser``):
+    their reasoning text apart, in ``message.reasoning`` and the Responses ``reasoning`` item."""
 
     @cached_property
     def fingerprint(self) -> str:

@@ -1,0 +1,230 @@
+"""The response store (vllm_inline.server.responses.store): what ``store=true`` keeps for
+``previous_response_id``. No engine: SQLite files under ``tmp_path``, processes of their own
+where the point is another process (writers at once, a writer killed mid-write).
+
+Proven here: a response written through one connection (another worker) is read through another;
+the file outlives its store (a restarted launcher); expired responses are gone; the oldest go
+first past the size limit; writers in several processes at once lose nothing; a writer killed by
+SIGKILL in the middle of its writes leaves every committed response whole and no half-written
+one; the memory store (one process) obeys the same limits.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllm_inline.server.responses import (
+    MemoryResponseStore,
+    SQLiteResponseStore,
+    StoredResponse,
+    open_store,
+)
+from vllm_inline.server.responses.store import default_store_path
+
+
+def stored(
+    response_id: str, text: str = "The answer is complete.", status: str = "completed"
+) -> StoredResponse:
+    response = {
+        "id": response_id,
+        "object": "response",
+        "status": status,
+        "output": [{"text": text}],
+    }
+    return StoredResponse(response, [{"role": "assistant", "content": text}])
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_one_worker_writes_another_reads_and_the_file_outlives_both(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite3"
+    worker_1, worker_2 = SQLiteResponseStore(path), SQLiteResponseStore(path)
+    worker_1.put(stored("resp_1"))
+    assert worker_2.get("resp_1") == stored("resp_1")
+    assert worker_2.get("resp_2") is None
+    worker_1.close()
+    worker_2.close()
+    again = SQLiteResponseStore(path)  # the launcher restarted
+    assert again.get("resp_1") == stored("resp_1")
+    assert again.path == path
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    db.close()
+    again.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+def test_expiry_and_the_size_limit(tmp_path: Path, kind: str) -> None:
+    clock = Clock()
+    size = len(json.dumps(stored("resp_0").response)) + len(json.dumps(stored("resp_0").messages))
+    limits: dict[str, Any] = {"max_bytes": 3 * size, "ttl_seconds": 60, "clock": clock}
+    store = (
+        SQLiteResponseStore(tmp_path / "s.sqlite3", **limits)
+        if kind == "sqlite"
+        else MemoryResponseStore(**limits)
+    )
+    for k in range(5):  # five of the same size, three fit: the two oldest are evicted
+        store.put(stored(f"resp_{k}"))
+        clock.now += 1
+    assert [store.get(f"resp_{k}") is not None for k in range(5)] == [
+        False,
+        False,
+        True,
+        True,
+        True,
+    ]
+    assert store.total_bytes() <= 3 * size
+    clock.now += 60  # every one expired: not found, and deleted at the next write
+    assert store.get("resp_4") is None
+    store.put(stored("resp_5"))
+    assert store.total_bytes() == size
+    with pytest.raises(ValueError, match="max_bytes"):
+        store.put(stored("resp_big", "x" * 4 * size))
+    store.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+def test_cancel_marks_a_running_response_and_its_end_is_not_written(
+    tmp_path: Path, kind: str
+) -> None:
+    """What a cancel on one worker and the end of the response on another do, in either order."""
+    store = (
+        SQLiteResponseStore(tmp_path / "s.sqlite3") if kind == "sqlite" else MemoryResponseStore()
+    )
+    store.put(stored("resp_1", "", status="queued"))
+    assert store.status("resp_1") == "queued"
+    cancelled = store.cancel("resp_1")
+    assert cancelled is not None and cancelled.response["status"] == "cancelled"
+    assert not store.put(stored("resp_1"), keep_cancelled=True)  # the end comes after
+    assert store.status("resp_1") == "cancelled"
+    store.put(stored("resp_2"))  # finished: a cancel changes nothing
+    got = store.cancel("resp_2")
+    assert got is not None and got.response["status"] == "completed"
+    assert store.cancel("resp_nope") is None and store.status("resp_nope") is None
+    store.close()
+
+
+def test_a_file_of_another_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version=99")
+    db.close()
+    with pytest.raises(ValueError, match="another vllm-inline version"):
+        SQLiteResponseStore(path)
+
+
+def test_limits_are_checked() -> None:
+    with pytest.raises(ValueError, match="max_bytes=0"):
+        MemoryResponseStore(max_bytes=0)
+    with pytest.raises(ValueError, match="ttl_seconds=-1"):
+        MemoryResponseStore(ttl_seconds=-1)
+
+
+def test_where_the_store_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLMINLINE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("VLLMINLINE_RESPONSES_STORE", raising=False)
+    assert default_store_path() == tmp_path / "cache" / "responses.sqlite3"
+    assert isinstance(open_store(":memory:"), MemoryResponseStore)
+    monkeypatch.setenv("VLLMINLINE_RESPONSES_STORE", str(tmp_path / "env.sqlite3"))
+    store = open_store(None)
+    assert isinstance(store, SQLiteResponseStore) and store.path == tmp_path / "env.sqlite3"
+    store.close()
+
+
+WRITER = """
+import sys
+from vllm_inline.server.responses import SQLiteResponseStore, StoredResponse
+path, name, count, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+store = SQLiteResponseStore(path)
+print("ready", flush=True)
+for k in range(count):
+    rid = f"resp_{name}_{k}"
+    text = str(k) * size
+    response = {"id": rid, "status": "completed", "text": text}
+    store.put(StoredResponse(response, [{"role": "assistant", "content": text}]))
+    print(rid, flush=True)
+"""
+
+
+def writer(path: Path, name: str, count: int, size: int) -> subprocess.Popen[str]:
+    command = [sys.executable, "-c", WRITER, str(path), name, str(count), str(size)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def whole(path: Path) -> dict[str, dict[str, Any]]:
+    """Every stored response, checked whole: its JSON parses and matches its messages."""
+    store = SQLiteResponseStore(path)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    found = {}
+    for (rid,) in db.execute("SELECT id FROM responses"):
+        got = store.get(rid)
+        assert got is not None
+        assert got.response["id"] == rid and got.messages[0]["content"] == got.response["text"]
+        found[rid] = got.response
+    db.close()
+    store.close()
+    return found
+
+
+def test_writers_in_several_processes_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite3"
+    SQLiteResponseStore(path).close()  # the schema first, so the writers only write
+    writers = [writer(path, name, 40, 1000) for name in ("a", "b", "c")]
+    outs = [w.communicate(timeout=120) for w in writers]
+    assert [w.returncode for w in writers] == [0, 0, 0], [err for _, err in outs]
+    written = {rid for out, _ in outs for rid in out.split() if rid != "ready"}
+    assert len(written) == 120
+    assert set(whole(path)) == written
+
+
+def test_a_writer_killed_mid_write_leaves_nothing_half_written(tmp_path: Path) -> None:
+    path = tmp_path / "store.sqlite3"
+    SQLiteResponseStore(path).close()
+    child = writer(path, "k", 10_000, 200_000)  # ~0.4 MB a response: a write takes a while
+    assert child.stdout is not None
+    lines = [child.stdout.readline().strip() for _ in range(4)]  # "ready", then 3 written
+    time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    # Read on through the same buffered pipe (communicate() would skip what readline buffered).
+    rest = child.stdout.read()
+    err = child.stderr.read() if child.stderr is not None else ""
+    child.wait(timeout=30)
+    assert child.returncode == -signal.SIGKILL, (lines, err)
+    assert lines[0] == "ready", (lines, err)
+    committed = [*lines[1:], *rest.split()]
+    found = whole(path)
+    # Every write it finished is there, whole; at most the one it was in besides, whole too.
+    assert set(committed) <= set(found), (committed, sorted(found))
+    assert len(found) <= len(committed) + 1, (committed, sorted(found))
+
+
+def test_serve_refuses_a_memory_store_for_several_workers(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import argparse
+
+    from vllm_inline.serve import add_arguments, serve
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--workers", "2", "--responses-store", ":memory:"])
+    assert serve(args) == 2  # before any process or engine starts
+    assert "with --workers use a file" in capsys.readouterr().out
+    defaults = parser.parse_args([])
+    assert defaults.responses_store is None and defaults.reasoning_parser is None
