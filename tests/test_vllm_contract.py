@@ -68,6 +68,20 @@ def test_contract_holds_on_sources(root):
     assert problems == []
 
 
+@pytest.mark.parametrize("root", _source_roots(), ids=lambda p: p.name)
+def test_since_is_the_first_release_that_has_it(root):
+    """A name listed with ``since`` is missing from the releases before it (else ``since`` is
+    stale and the seam's fallback dead code); the releases from it on have it (the check
+    above)."""
+    from vllm_inline.engine.seam.versions import at_least
+
+    sources = Sources(root)
+    version = tree_version(root)
+    older = [u for u in CONTRACT if u.since is not None and not at_least(version, u.since)]
+    present = [str(u) for u in older if not check_sources(u, sources, whatever_release=True)]
+    assert present == []
+
+
 def test_source_check_finds_what_is_missing():
     """The parsed check is not vacuous: names, members and keywords that do not exist fail."""
     from vllm_contract import Use
@@ -418,3 +432,4 @@ def test_check_names_the_vllm_and_its_status(monkeypatch):
         check._vllm_row(report)
         (row,) = report.rows
         assert (row.name, row.status, row.value) == ("vllm", status, f"vllm {version}: {shown}")
+
