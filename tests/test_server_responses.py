@@ -311,6 +311,12 @@ BAD = {
                                         "temperature"),
     "reasoning that is no object": ({"input": "Hi", "reasoning": "high"}, 400, "body.reasoning"),
     "an unknown model": ({"input": "Hi", "model": "nope"}, 404, "model"),
+    # As vLLM's request model: a 400, not an ignored field or a 404.
+    "a request_id that is no string": ({"input": "Hi", "request_id": 5}, 400, "body.request_id"),
+    "a previous_response_id that is no string": ({"input": "Hi", "previous_response_id": 5}, 400,
+                                                 "body.previous_response_id"),
+    "parallel_tool_calls that is no boolean": ({"input": "Hi", "parallel_tool_calls": "no"}, 400,
+                                               "body.parallel_tool_calls"),
 }  # fmt: skip
 
 

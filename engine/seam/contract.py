@@ -376,6 +376,7 @@ CONTRACT: tuple[Use, ...] = (
             "chat_template_kwargs",
             "include_reasoning",
             "stream",
+            "parallel_tool_calls",
         ),
         members=("skip_special_tokens", "structured_outputs", "include_reasoning", "tools"),
     ),
