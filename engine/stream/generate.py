@@ -90,7 +90,8 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
         # The first delta of each choice carries the prompt's ids (when asked for) and logprobs
         # (when vLLM computed them), as vLLM's server puts them on every choice. Only a request
         # that asked for either pays for it: one copy of the prompt, a set while choices start,
-        # and a copy of each choice's first delta (the others are built as before issue 57).
+        # and a copy of each choice's first delta; every other delta is built once, with no
+        # per-delta dict or keyword unpacking.
         prompt_out = tuple(prompt_ids) if request.return_prompt_token_ids else None
         want_prompt_logprobs = request.sampling.get("prompt_logprobs") is not None
         prompt_logprobs: tuple[tuple[RankedLogprob, ...] | None, ...] | None = None
