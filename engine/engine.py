@@ -186,7 +186,9 @@ class Engine:
         path)`` or a name seen before: see :mod:`vllm_inline.engine.request.lora`), ``priority`` (an
         int, lower first; needs ``scheduling_policy="priority"``), ``timeout`` (seconds, then the
         request is aborted with :class:`RequestTimeoutError`), ``stream=False`` (the whole answer as
-        one delta: ``Request.stream``), any vLLM sampling value (``max_tokens``, ``stop``, ...). Bad
+        one delta: ``Request.stream``), ``return_prompt_token_ids=True`` (the prompt's ids on the
+        first delta of each choice), any vLLM sampling value (``max_tokens``, ``stop``,
+        ``prompt_logprobs``: on the first delta of each choice too, ...). Bad
         arguments raise here, before anything starts; iterate the result from any event loop (it
         never blocks it). The engine starts on the first iteration.
         """

@@ -84,6 +84,13 @@ BAD_REQUESTS = [
         {"structured_outputs": "json"},
         "structured_outputs",
     ),
+    ("parallel-tool-calls-not-a-bool", USER, {"parallel_tool_calls": "no"}, "parallel_tool_calls"),
+    (
+        "return-prompt-token-ids-not-a-bool",
+        USER,
+        {"return_prompt_token_ids": "yes"},
+        "return_prompt_token_ids",
+    ),
     (
         "two-structured-kinds",
         USER,

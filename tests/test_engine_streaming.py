@@ -339,3 +339,31 @@ def test_a_consumer_that_falls_behind_still_gets_the_deadline(scripted) -> None:
     while engine.num_unfinished_requests() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert engine.num_unfinished_requests() == 0
+
+
+def test_each_choice_starts_with_the_prompts_ids_and_logprobs_when_asked(scripted):
+    """``n=2``: the first delta of each choice carries the prompt's ids (with
+    ``return_prompt_token_ids``) and logprobs (with ``prompt_logprobs``), as vLLM's server puts
+    them on every choice; a request that asks for neither gets neither, streamed or not."""
+    engine = scripted("llama3").engine
+    messages = [{"role": "user", "content": "Hello"}]
+    prompt = tuple(engine.prompt_token_ids(messages))
+    for stream in (True, False):
+        deltas = list(
+            engine.stream(
+                messages,
+                n=2,
+                max_tokens=3,
+                prompt_logprobs=0,
+                return_prompt_token_ids=True,
+                stream=stream,
+            )
+        )
+        for index in (0, 1):
+            first = next(d for d in deltas if d.index == index)
+            assert first.prompt_token_ids == prompt
+            assert first.prompt_logprobs is not None and len(first.prompt_logprobs) == len(prompt)
+            later = [d for d in deltas if d.index == index and d is not first]
+            assert all(d.prompt_token_ids is d.prompt_logprobs is None for d in later)
+        plain = list(engine.stream(messages, n=2, max_tokens=3, stream=stream))
+        assert all(d.prompt_token_ids is d.prompt_logprobs is None for d in plain)

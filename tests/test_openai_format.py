@@ -32,6 +32,7 @@ META = {"id": "chatcmpl-1", "model": "m", "created": 1700000000}
 def test_exports() -> None:
     assert sorted(exported) == [
         "EMPTY_FIELDS_LEFT_OUT_SINCE",
+        "LOWEST_LOGPROB",
         "chunk_from_delta",
         "completion_from_deltas",
         "empty_fields_left_out",

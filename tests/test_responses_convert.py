@@ -201,3 +201,13 @@ def test_a_reasoning_parser_for_a_model_the_server_lacks_is_refused() -> None:
         OpenAIServer(chat={"m": engine}, reasoning_parser={"typo": "qwen3"})
     server = OpenAIServer(chat={"m": engine}, reasoning_parser="qwen3")
     assert server.models.find("chat", "m").reasoning_parser == "qwen3"
+
+
+def test_parallel_tool_calls_false_reaches_the_engine() -> None:
+    """As on the chat route: vLLM's parser constrains the calls to one (the fold keeps one)."""
+    tools = function_tools([{"type": "function", "name": "get_weather"}])
+    assert engine_kwargs({"parallel_tool_calls": False}, tools)["parallel_tool_calls"] is False
+    assert "parallel_tool_calls" not in engine_kwargs({"parallel_tool_calls": True}, tools)
+    with pytest.raises(InvalidBodyError) as raised:
+        engine_kwargs({"parallel_tool_calls": "no"}, tools)
+    assert raised.value.parameter == "body.parallel_tool_calls"

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 from vllm_inline.engine import Delta
 from vllm_inline.engine.stream.deltas import RankedLogprob, TokenLogprob, ToolCallDelta
-from vllm_inline.engine.stream.openai_format import chunk_from_delta, completion_from_deltas
+from vllm_inline.engine.stream.openai_format import (
+    chunk_from_delta,
+    completion_from_deltas,
+    text_completion_from_deltas,
+)
 from vllm_inline.server.extras import (
     chat_extras,
     chat_stream_extras,
     echo_text,
     prompt_logprobs_json,
+    text_choice_extras,
     text_logprobs,
 )
 
@@ -86,3 +91,50 @@ def test_legacy_completion_logprobs() -> None:
     as_ids = text_logprobs(steps[1:], 0, True, decode)
     assert as_ids["tokens"] == ["token_id:5", "token_id:8"]
     assert as_ids["top_logprobs"] == [{"token_id:5": -0.1}, {"token_id:8": -0.2}]
+
+
+def test_echo_of_messages_that_are_no_list_is_nothing() -> None:
+    """The engine refuses such messages with a 400 first; the echo must not fail before it."""
+    assert echo_text({"messages": {"a": 1}, "echo": True}) == ""
+    assert echo_text({"messages": "Hi", "echo": True}) == ""
+    assert echo_text({"messages": [], "echo": True}) == ""
+
+
+def _text_choice(delta: Delta) -> dict[str, object]:
+    return text_completion_from_deltas([[delta]], **META)["choices"][0]
+
+
+def test_echo_without_generation_shows_the_prompt_alone() -> None:
+    step = (RankedLogprob(7, -0.5, 1, "x"),)
+    one = TokenLogprob("!", 9, -0.1, (("?", -2.0),), (10,))
+    delta = Delta(
+        text="!",
+        token_ids=(9,),
+        logprobs=(one,),
+        finish_reason="length",
+        prompt_token_ids=(1, 7),
+        prompt_logprobs=(None, step),
+    )
+    body = {"echo": True, "max_tokens": 0, "logprobs": 1}
+    choice = text_choice_extras(_text_choice(delta), [delta], body, "<s>x", decode)
+    assert choice["text"] == "<s>x"  # the prompt, not the token generated for it
+    assert choice["logprobs"]["tokens"] == ["<decoded>", "x"]
+    assert choice["logprobs"]["token_logprobs"] == [None, -0.5]
+    as_ids = {**body, "return_token_ids": True}
+    choice = text_choice_extras(_text_choice(delta), [delta], as_ids, "<s>x", decode)
+    assert choice["text"] == "" and choice["token_ids"] == [9]  # vLLM's way with the ids
+    assert choice["prompt_token_ids"] == [1, 7]
+    generated = text_choice_extras(_text_choice(delta), [delta], {"echo": True}, "<s>x", decode)
+    assert generated["text"] == "<s>x!"
+
+
+def test_logprob_token_ids_list_every_alternative() -> None:
+    """As vLLM's ``return_all``: the asked tokens' logprobs are all listed, whatever ``logprobs``
+    (0 would keep only the sampled token)."""
+    one = TokenLogprob("a", 1, -0.1, (("b", -2.0), ("c", -3.0)), (2, 3))
+    delta = Delta(text="a", token_ids=(1,), logprobs=(one,), finish_reason="length")
+    body = {"logprobs": 0, "logprob_token_ids": [2, 3]}
+    choice = text_choice_extras(_text_choice(delta), [delta], body, "", decode)
+    assert choice["logprobs"]["top_logprobs"] == [{"a": -0.1, "b": -2.0, "c": -3.0}]
+    cut = text_choice_extras(_text_choice(delta), [delta], {"logprobs": 0}, "", decode)
+    assert cut["logprobs"]["top_logprobs"] == [{"a": -0.1}]

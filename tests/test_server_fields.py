@@ -31,7 +31,11 @@ MODELS = {
 def parsed_fields(root: Path, route: str) -> list[str]:
     """The fields of ``route``'s request model in the vLLM sources under ``root``: the
     annotated names of the class body, less private ones and class variables."""
-    path, name = MODELS[route]
+    return class_fields(root, *MODELS[route])
+
+
+def class_fields(root: Path, path: str, name: str) -> list[str]:
+    """The fields of the pydantic model ``name`` in ``path`` under ``root`` (parsed)."""
     tree = ast.parse((root / path).read_text(encoding="utf-8"))
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == name:
@@ -145,3 +149,23 @@ def test_serve_flags_set_the_limits() -> None:
     limits = limits_of(parser.parse_args(flags))
     assert limits.strict_fields and limits.trust_request_chat_template
     assert limits.trust_request_mm_kwargs
+
+
+TOKENIZE = "vllm/entrypoints/serve/tokenize/protocol.py"
+
+
+def test_the_tokenizer_routes_know_the_fields_of_vllms_requests() -> None:
+    """``/tokenize`` and ``/detokenize`` ignore (or, strict, refuse) the fields vLLM's requests
+    lack, as the chat routes do: their lists are vLLM's (``response_format``: 0.34's)."""
+    from vllm_inline.server.tokens import CHAT_FIELDS, DETOKENIZE_FIELDS, PROMPT_FIELDS
+
+    sources = os.environ.get("VLLMINLINE_VLLM_SOURCES")
+    root = Path(sources) if sources else installed_root()
+    for name, ours in (
+        ("TokenizeChatRequest", CHAT_FIELDS),
+        ("TokenizeCompletionRequest", PROMPT_FIELDS),
+        ("DetokenizeRequest", DETOKENIZE_FIELDS),
+    ):
+        theirs = set(class_fields(root, TOKENIZE, name))
+        assert theirs <= set(ours), (name, sorted(theirs - set(ours)))
+        assert set(ours) - theirs <= {"response_format"}, (name, sorted(set(ours) - theirs))

@@ -404,6 +404,18 @@ FIELD_CASES = {
         "add_generation_prompt": False,
         "echo": True,
     },
+    # The issue-57 review: a stream with echo and logprobs (vLLM serves it), the logprobs of
+    # given token ids (every one listed), every choice's prompt ids.
+    "echo, logprobs": {
+        "messages": [*HELLO, {"role": "assistant", "content": "The answer"}],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+        "echo": True,
+        "logprobs": True,
+        "top_logprobs": 2,
+    },
+    "logprob_token_ids": {"messages": HELLO, "logprobs": True, "logprob_token_ids": [3, 5]},
+    "n=2, return_token_ids": {"messages": HELLO, "n": 2, "return_token_ids": True},
 }
 # Only without streaming (vLLM refuses prompt_logprobs in a stream).
 WHOLE_FIELD_CASES = {
@@ -457,6 +469,16 @@ TEXT_FIELD_CASES = {
     "logprobs": {"prompt": "Once upon a time", "logprobs": 1},
     "echo and logprobs": {"prompt": "Once upon a time", "echo": True, "logprobs": 0},
     "return_token_ids": {"prompt": "Once upon a time", "return_token_ids": True},
+    # The issue-57 review: as FIELD_CASES; and lm-evaluation-harness' loglikelihood request.
+    "echo and logprobs 1": {"prompt": "Once upon a time", "echo": True, "logprobs": 1},
+    "logprob_token_ids": {"prompt": "Once upon a time", "logprobs": 0, "logprob_token_ids": [3, 5]},
+    "n=2, return_token_ids": {"prompt": "Once upon a time", "n": 2, "return_token_ids": True},
+    "echo without generation": {
+        "prompt": "Once upon a time",
+        "echo": True,
+        "max_tokens": 0,
+        "logprobs": 1,
+    },
 }
 
 
@@ -469,6 +491,30 @@ def test_vllm_completion_fields(pairs: dict[str, Pair], case: str) -> None:
     assert_same_stream(theirs, mine, text="text")
     if "logprobs" in body:  # the legacy logprobs of the stream, joined, field by field
         assert_same(*(joined_text_logprobs(side) for side in (theirs, mine)))
+
+
+def test_prompt_logprobs_on_every_choice(pairs: dict[str, Pair]) -> None:
+    """``n > 1``: each choice has the prompt's ids and logprobs (not only the first)."""
+    body = {"prompt": "Once upon a time", "n": 2, "prompt_logprobs": 0, "return_token_ids": True}
+    vllm, ours = pairs["chat"].both(TEXT, body)
+    assert_same(vllm, usage_as_vllm(ours))
+
+
+@pytest.mark.parametrize("route", [CHAT, TEXT])
+def test_the_request_id_header_comes_first(pairs: dict[str, Pair], route: str) -> None:
+    pair = pairs["chat"]
+    body = {"model": pair.model, "messages": HELLO, "prompt": "Once", "max_tokens": 1}
+    ids = []
+    for side in ("vllm", "ours"):
+        for headers in ({}, {"X-Request-Id": "from-header"}):
+            answer = httpx.post(
+                pair.urls[side] + route,
+                json={**body, "request_id": "from-body"},
+                headers=headers,
+                timeout=300,
+            )
+            ids.append(answer.json()["id"].split("-", 1)[1])
+    assert ids == ["from-body", "from-header"] * 2
 
 
 def joined_text_logprobs(chunks: list[Any]) -> dict[str, list[Any]]:
@@ -629,7 +675,44 @@ ERRORS = {  # case: (model, route, body (or vLLM's and ours'), param: SAME or (v
     "suffix without FIM": ("chat", TEXT, {"prompt": "Once", "suffix": "end"}, SAME),
     "thinking_token_budget without a reasoning config": ("chat", CHAT, {
         "messages": HELLO, "thinking_token_budget": 5}, (None, "thinking_token_budget")),
+    # The issue-57 review: bad shapes were 500s here (or taken), 400s naming them in vLLM.
+    "chat_template_kwargs not a mapping": ("chat", CHAT, {
+        "messages": HELLO, "chat_template_kwargs": "x"}, SAME),
+    "json_schema not a mapping": ("chat", CHAT, {
+        "messages": HELLO, "response_format": {"type": "json_schema", "json_schema": "x"}}, SAME),
+    "json_schema missing": ("chat", CHAT, {
+        "messages": HELLO, "response_format": {"type": "json_schema"}}, SAME),
+    "stream_options not a mapping": ("chat", TEXT, {
+        "prompt": "Once", "stream": True, "stream_options": "x"}, SAME),
+    "request_id not a string": ("chat", CHAT, {"messages": HELLO, "request_id": 5}, SAME),
+    "logprob_token_ids with echo and max_tokens 0": ("chat", TEXT, {
+        "prompt": "Once", "echo": True, "max_tokens": 0, "logprobs": 1,
+        "logprob_token_ids": [3]}, SAME),
 }  # fmt: skip
+
+
+# Bad shapes where ours answers better than vLLM (0.32), on purpose: (body, vLLM's status and
+# error type, the field ours names in its 400 "Bad Request").
+BETTER = {
+    # vLLM: 400 BadRequestError "You must use one kind of structured outputs constraint", no param.
+    "json_schema without a schema": (
+        {"messages": HELLO, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+        (400, "BadRequestError"), "body.response_format.json_schema.schema"),
+    # vLLM: 500 InternalServerError "'str' object has no attribute 'get'".
+    "structured_outputs not a mapping": (
+        {"messages": HELLO, "structured_outputs": "x", "response_format": {"type": "json_object"}},
+        (500, "InternalServerError"), "body.structured_outputs"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BETTER))
+def test_bad_shapes_vllm_answers_worse_get_a_400_naming_the_field(
+    pairs: dict[str, Pair], case: str
+) -> None:
+    body, (status, kind), field = BETTER[case]
+    vllm, ours = (pairs["chat"].post(side, CHAT, body) for side in ("vllm", "ours"))
+    assert (vllm.status_code, vllm.json()["error"]["type"]) == (status, kind), vllm.text
+    assert ours.status_code == 400 and ours.json()["error"]["param"] == field, ours.text
 
 
 @pytest.mark.parametrize("case", list(ERRORS))

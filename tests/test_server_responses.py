@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -278,6 +278,55 @@ def test_the_openai_sdk_stream_helper(app: App) -> None:
     assert "".join(texts) == final.output_text == "The answer is complete."
 
 
+class _WithDeadline:
+    """A shared engine whose every request has a deadline and a consumer that lags (a quarter
+    second after each delta): the engine's own timeout then ends the stream after its first
+    delta (RequestTimeoutError, the request aborted in vLLM), an engine error the route meets
+    after the headers went out. A lagging consumer holds the request open on the engine loop
+    (tests/test_engine_streaming.py), so the deadline passes however fast the host is."""
+
+    def __init__(self, engine: Engine, timeout: float) -> None:
+        self._engine = engine
+        self._timeout = timeout
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Delta]:
+        async for delta in self._engine.astream(*args, timeout=self._timeout, **kwargs):
+            yield delta
+            await asyncio.sleep(0.25)
+
+
+def test_an_engine_error_mid_stream_ends_with_response_failed(scripted: Any, tmp_path: Any) -> None:
+    from fastapi import FastAPI
+
+    engine = scripted("long").engine
+    start_engines(engine)
+    store = SQLiteResponseStore(tmp_path / "store.sqlite3")
+    server = OpenAIServer(chat={"long": _WithDeadline(engine, 0.5)}, responses_store=store)
+    fastapi_app = FastAPI()  # no lifespan: the engine is the suite's
+    server.install(fastapi_app)
+    with serving(fastapi_app) as url:
+        events = App(url, {}, store).events(
+            {"model": "long", "input": "Hello", "max_output_tokens": 400, "ignore_eos": True}
+        )
+    types = [e["type"] for e in events]
+    assert types[:2] == ["response.created", "response.in_progress"]
+    assert "response.output_text.delta" in types  # it failed mid-stream, not before
+    assert types[-1] == "response.failed" and "response.completed" not in types
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["id"] == events[0]["response"]["id"]
+    assert failed["error"]["code"] == "server_error"  # a 504 had the headers not gone out
+    assert "0.5" in failed["error"]["message"]  # the engine's message, naming the deadline
+    assert store.get(failed["id"]) is None  # a failed response is not stored
+    deadline = time.monotonic() + 10
+    while engine.num_unfinished_requests() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.num_unfinished_requests() == 0  # the engine stopped generating it
+
+
 def test_store_false_keeps_nothing(app: App) -> None:
     response = app.client.responses.create(model="llama3", input="Hello", store=False)
     assert app.store.get(response.id) is None
@@ -311,6 +360,12 @@ BAD = {
                                         "temperature"),
     "reasoning that is no object": ({"input": "Hi", "reasoning": "high"}, 400, "body.reasoning"),
     "an unknown model": ({"input": "Hi", "model": "nope"}, 404, "model"),
+    # As vLLM's request model: a 400, not an ignored field or a 404.
+    "a request_id that is no string": ({"input": "Hi", "request_id": 5}, 400, "body.request_id"),
+    "a previous_response_id that is no string": ({"input": "Hi", "previous_response_id": 5}, 400,
+                                                 "body.previous_response_id"),
+    "parallel_tool_calls that is no boolean": ({"input": "Hi", "parallel_tool_calls": "no"}, 400,
+                                               "body.parallel_tool_calls"),
 }  # fmt: skip
 
 

@@ -9,6 +9,7 @@ of both 0.32 and 0.33: plain stand-ins, since a 0.33 object cannot be built on 0
 from __future__ import annotations
 
 import ast
+import json
 import types
 from pathlib import Path
 
@@ -66,6 +67,20 @@ def test_contract_holds_on_sources(root):
     sources = Sources(root)
     problems = [p for use in CONTRACT for p in check_sources(use, sources)]
     assert problems == []
+
+
+@pytest.mark.parametrize("root", _source_roots(), ids=lambda p: p.name)
+def test_since_is_the_first_release_that_has_it(root):
+    """A name listed with ``since`` is missing from the releases before it (else ``since`` is
+    stale and the seam's fallback dead code); the releases from it on have it (the check
+    above)."""
+    from vllm_inline.engine.seam.versions import at_least
+
+    sources = Sources(root)
+    version = tree_version(root)
+    older = [u for u in CONTRACT if u.since is not None and not at_least(version, u.since)]
+    present = [str(u) for u in older if not check_sources(u, sources, whatever_release=True)]
+    assert present == []
 
 
 def test_source_check_finds_what_is_missing():
@@ -418,3 +433,41 @@ def test_check_names_the_vllm_and_its_status(monkeypatch):
         check._vllm_row(report)
         (row,) = report.rows
         assert (row.name, row.status, row.value) == ("vllm", status, f"vllm {version}: {shown}")
+
+
+def test_parallel_tool_calls_false_reaches_the_parsers_request(scripted_root):
+    """As vLLM's server, ``parallel_tool_calls=False`` is on the request the parser adjusts:
+    vLLM 0.32+'s hermes parser then constrains even ``tool_choice="auto"`` to one call (a
+    structural tag triggered by ``<tool_call>``, stopping after the first); without it, ``auto``
+    is not constrained. No engine: the parser on the model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from vllm_inline.engine.seam.versions import installed_at_least
+    from vllm_inline.engine.stream.parsing import make_parser_factory
+    from vllm_inline.testing import build_scripted_model
+
+    path = build_scripted_model("chatml_tools", scripted_root)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+
+    def constraint(parallel_tool_calls):
+        return make_parser_factory(
+            tokenizer=tokenizer,
+            model_config=None,  # hermes reads none
+            model=str(path),
+            family="chatml",
+            messages=[{"role": "user", "content": "Weather?"}],
+            tools=[tool],
+            tool_choice="auto",
+            tool_parser="hermes",
+            reasoning_parser=None,
+            chat_template_kwargs=None,
+            parallel_tool_calls=parallel_tool_calls,
+        ).structured_outputs
+
+    assert constraint(None) is None
+    if not installed_at_least("0.32.0"):  # 0.30 and 0.31's parsers do not read the field
+        assert constraint(False) is None
+        return
+    tag = json.loads(constraint(False)["structural_tag"])["format"]
+    assert tag["type"] == "triggered_tags" and tag["stop_after_first"] is True

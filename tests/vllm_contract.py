@@ -155,7 +155,12 @@ def _accepted_installed(obj: Any) -> tuple[set[str], bool]:
 
 
 def check_installed(use: Use) -> list[str]:
-    """What of ``use`` the installed vLLM lacks (empty when it has everything)."""
+    """What of ``use`` the installed vLLM lacks (empty when it has everything, or when it is
+    older than ``use.since``)."""
+    from vllm_inline.engine.seam.versions import installed_at_least
+
+    if use.since is not None and not installed_at_least(use.since):
+        return []
     try:
         obj, _ = _resolve_installed(use)
     except LookupError as e:
@@ -341,8 +346,12 @@ def _function_keywords(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[se
     return names, args.kwarg is not None
 
 
-def check_sources(use: Use, sources: Sources) -> list[str]:
-    """What of ``use`` the vLLM at ``sources`` lacks, read from its parsed sources."""
+def check_sources(use: Use, sources: Sources, *, whatever_release: bool = False) -> list[str]:
+    """What of ``use`` the vLLM at ``sources`` lacks, read from its parsed sources (nothing when
+    that release is older than ``use.since``, unless ``whatever_release``)."""
+    older = use.since is not None and not at_least(tree_version(sources.root), use.since)
+    if older and not whatever_release:
+        return []
     head, _, member = use.name.partition(".")
     hit = None
     for module in use.modules:

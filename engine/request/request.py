@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,7 @@ from vllm_inline.engine.request.messages import (
 from vllm_inline.engine.request.prompt_options import PromptOptions, pop_prompt_options
 from vllm_inline.engine.request.sampling import check_sampling
 
-__all__ = ["Request", "build_request"]
+__all__ = ["Request", "build_request", "is_token_ids", "non_token_id_at"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,29 @@ class Request:
     include_reasoning: bool = True
     """``False``: the reasoning parser's reasoning is dropped, not returned (vLLM's
     ``include_reasoning``)."""
+    parallel_tool_calls: bool | None = None
+    """``False``: at most one tool call, constrained where vLLM's parser constrains it (the
+    grammar of ``tool_choice="required"``: ``maxItems: 1``), as vLLM's ``parallel_tool_calls``;
+    ``None``: vLLM's default (any number)."""
+    return_prompt_token_ids: bool = False
+    """``True``: the first delta of each choice carries the rendered prompt's token ids
+    (:attr:`Delta.prompt_token_ids <vllm_inline.engine.stream.deltas.Delta.prompt_token_ids>`);
+    ``False`` spares the copy of the prompt for callers that do not read them."""
+
+
+def non_token_id_at(items: Sequence[Any]) -> int | None:
+    """The index of the first item of ``items`` that is not a token id (an ``int`` >= 0, not a
+    ``bool``), or ``None``: the one check of token ids (a prompt, the server's ``prompt`` and
+    ``/detokenize`` ``tokens``)."""
+    for i, item in enumerate(items):
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            return i
+    return None
+
+
+def is_token_ids(value: Any) -> bool:
+    """Whether ``value`` is a non-empty list (or tuple) of token ids (:func:`non_token_id_at`)."""
+    return isinstance(value, (list, tuple)) and bool(value) and non_token_id_at(value) is None
 
 
 def build_request(
@@ -100,11 +123,7 @@ def build_request(
             value=messages,
         )
     if prompt is not None and not isinstance(prompt, str):
-        if not (
-            isinstance(prompt, (list, tuple))
-            and prompt
-            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
-        ):
+        if not is_token_ids(prompt):
             raise BadRequestError.invalid("prompt", prompt, "a string, or a list of token ids")
         prompt = list(prompt)
     tools = validate_tools(options.pop("tools", None))
@@ -151,6 +170,14 @@ def build_request(
     session_id = options.pop("session_id", None)
     if session_id is not None and not isinstance(session_id, str):
         raise BadRequestError.invalid("session_id", session_id, "a string")
+    parallel_tool_calls = options.pop("parallel_tool_calls", None)
+    if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
+        raise BadRequestError.invalid("parallel_tool_calls", parallel_tool_calls, "true or false")
+    return_prompt_token_ids = options.pop("return_prompt_token_ids", False)
+    if not isinstance(return_prompt_token_ids, bool):
+        raise BadRequestError.invalid(
+            "return_prompt_token_ids", return_prompt_token_ids, "true or false"
+        )
     xargs = options.pop("vllm_xargs", None)
     if xargs is not None:
         # vLLM's server hands ``vllm_xargs`` to SamplingParams as ``extra_args``.
@@ -178,6 +205,8 @@ def build_request(
         prompt_options=prompt_options,
         include_reasoning=include_reasoning is not False,
         session_id=session_id,
+        parallel_tool_calls=parallel_tool_calls,
+        return_prompt_token_ids=return_prompt_token_ids,
     )
 
 

@@ -13,6 +13,7 @@ A :class:`Use` may name several modules: the seam imports the first one that has
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["CONTRACT", "Use"]
 
@@ -29,15 +30,18 @@ class Use:
     """Keywords passed to it (a callable) or fields set on it (a dataclass, struct, model)."""
     members: tuple[str, ...] = ()
     """Methods or attributes read on it (a class) or on its instances."""
+    since: str | None = None
+    """The first vLLM release that has it, when an older supported one does not: the seam looks
+    it up (``getattr``) and does without it there; the checks of an older release skip it (and
+    check that it is indeed missing there)."""
 
     def __str__(self) -> str:
         return f"{'|'.join(self.modules)}:{self.name}"
 
 
-def _u(
-    module: str, name: str, *, keywords: tuple[str, ...] = (), members: tuple[str, ...] = ()
-) -> Use:
-    return Use(tuple(module.split("|")), name, keywords, members)
+def _u(module: str, name: str, **fields: Any) -> Use:
+    """A :class:`Use` of ``module`` (``a|b``: alternatives) with :class:`Use`'s other fields."""
+    return Use(tuple(module.split("|")), name, **fields)
 
 
 CONTRACT: tuple[Use, ...] = (
@@ -130,18 +134,12 @@ CONTRACT: tuple[Use, ...] = (
     _u(
         "vllm.distributed.device_communicators.shm_broadcast",
         "MessageQueue",
-        members=(
-            "wait_until_ready",
-            "buffer",
-        ),
+        members=("wait_until_ready", "buffer"),
     ),
     _u(
         "vllm.distributed.device_communicators.shm_broadcast",
         "ShmRingBuffer",
-        members=(
-            "is_creator",
-            "shared_memory",
-        ),
+        members=("is_creator", "shared_memory"),
     ),
     # engine/seam/ipc_directory.py and vllm_boot.py name these as strings: the directory of vLLM's
     # IPC sockets (the owner directory, for every engine process) and the rendezvous file put there
@@ -266,6 +264,13 @@ CONTRACT: tuple[Use, ...] = (
             "default_cmpl_tok_params",
         ),
     ),
+    # engine/seam/vllm_render.py: fill-in-the-middle (the completions' suffix), not in 0.30
+    _u(
+        "vllm.renderers.base",
+        "BaseRenderer",
+        members=("render_completion_suffix",),
+        since="0.31.0",
+    ),
     _u(
         "vllm.config.model",
         "ModelConfig",
@@ -289,11 +294,7 @@ CONTRACT: tuple[Use, ...] = (
     _u(
         "vllm.v1.metrics.loggers",
         "PrometheusStatLogger",
-        members=(
-            "_gauge_cls",
-            "_counter_cls",
-            "_histogram_cls",
-        ),
+        members=("_gauge_cls", "_counter_cls", "_histogram_cls"),
     ),
     _u("vllm.v1.metrics.loggers", "StatLoggerBase", members=("record", "log_engine_initialized")),
     # engine/seam/vllm_pooling.py: embeddings and scoring
@@ -359,6 +360,8 @@ CONTRACT: tuple[Use, ...] = (
         ),
     ),
     _u("vllm.parser.abstract_parser", "Parser.parse_delta", keywords=("finished",)),
+    # engine/seam/vllm_parsing.py: the prompt before a whole-output parse, not in 0.30 and 0.31
+    _u("vllm.parser.abstract_parser", "Parser", members=("set_prompt_token_ids",), since="0.32.0"),
     _u("vllm.tool_parsers", "ToolParserManager"),
     _u("vllm.reasoning", "ReasoningParserManager"),
     _u("vllm.renderers.chat_utils|vllm.entrypoints.chat_utils", "make_tool_call_id"),
@@ -373,6 +376,7 @@ CONTRACT: tuple[Use, ...] = (
             "chat_template_kwargs",
             "include_reasoning",
             "stream",
+            "parallel_tool_calls",
         ),
         members=("skip_special_tokens", "structured_outputs", "include_reasoning", "tools"),
     ),

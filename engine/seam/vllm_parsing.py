@@ -63,12 +63,16 @@ def chat_completion_request(
     tools: list[dict[str, Any]] | None,
     tool_choice: Any,
     chat_template_kwargs: Mapping[str, Any],
+    parallel_tool_calls: bool | None = None,
 ) -> Any:
-    """The server request the parsers read: reasoning included, streamed."""
+    """The server request the parsers read: reasoning included, streamed; ``parallel_tool_calls``
+    as the client's (``None``: the request's default), which ``adjust_request`` reads (vLLM 0.32+
+    puts ``maxItems: 1`` in the ``required`` grammar for ``False``; 0.30 and 0.31 ignore it)."""
     # Any: the server's pydantic model, whose fields mypy reads without pydantic's plugin (every
     # field looks required) and whose message and tool types are the server's TypedDicts; the
     # checked OpenAI-style dicts are what it validates.
     request_type: Any = ChatCompletionRequest
+    more = {} if parallel_tool_calls is None else {"parallel_tool_calls": parallel_tool_calls}
     return request_type(
         model=model,
         messages=messages,
@@ -77,6 +81,7 @@ def chat_completion_request(
         chat_template_kwargs=dict(chat_template_kwargs),
         include_reasoning=True,
         stream=True,
+        **more,
     )
 
 

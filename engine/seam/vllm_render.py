@@ -125,9 +125,10 @@ async def render_prompt(
 
 def fill_in_the_middle(llm: AsyncLLM, prompt: str, suffix: str) -> str | None:
     """The prompt of a fill-in-the-middle request, as vLLM's renderer writes it for models
-    that have FIM rendering (``render_completion_suffix``, vLLM 0.32+); ``None`` for others."""
+    that have FIM rendering (``render_completion_suffix``, vLLM 0.31+: in the contract with its
+    ``since``); ``None`` for others."""
     render_suffix = getattr(llm.renderer, "render_completion_suffix", None)
-    if render_suffix is None:  # vLLM 0.30 and 0.31 have no FIM rendering
+    if render_suffix is None:  # vLLM 0.30 has no FIM rendering
         return None
     rendered = render_suffix(prompt, suffix)
     return None if rendered is None else str(rendered)

@@ -110,10 +110,11 @@ class Delta:
     """Timings of the request (queue, first token, prefill, decode, end to end), on the last
     delta of the request."""
     prompt_token_ids: tuple[int, ...] | None = None
-    """The rendered prompt's token ids, on the first delta of the request."""
+    """The rendered prompt's token ids, on the first delta of each choice of a request that
+    asked for them (``return_prompt_token_ids=True``)."""
     prompt_logprobs: tuple[tuple[RankedLogprob, ...] | None, ...] | None = None
     """Per prompt token (the first has none: ``None``), its log probability and those of the
-    most likely tokens there, on the first delta of a request that asked for
+    most likely tokens there, on the first delta of each choice of a request that asked for
     ``prompt_logprobs``."""
 
 

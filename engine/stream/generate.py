@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from vllm_inline.engine.errors import GenerationFailedError
@@ -66,6 +67,7 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
             tool_parser=request.tool_parser,
             reasoning_parser=request.reasoning_parser,
             chat_template_kwargs=template_kwargs(request) if request.messages else None,
+            parallel_tool_calls=request.parallel_tool_calls,
         )
         values = final_sampling(
             request.sampling,
@@ -85,7 +87,15 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
         parsers: dict[int, OutputParser] = {}
         completion_tokens = 0
         pending_ids: dict[int, list[int]] = {}
-        first = True  # the request's first delta carries the prompt's ids (and logprobs)
+        # The first delta of each choice carries the prompt's ids (when asked for) and logprobs
+        # (when vLLM computed them), as vLLM's server puts them on every choice. Only a request
+        # that asked for either pays for it: one copy of the prompt, a set while choices start,
+        # and a copy of each choice's first delta; every other delta is built once, with no
+        # per-delta dict or keyword unpacking.
+        prompt_out = tuple(prompt_ids) if request.return_prompt_token_ids else None
+        want_prompt_logprobs = request.sampling.get("prompt_logprobs") is not None
+        prompt_logprobs: tuple[tuple[RankedLogprob, ...] | None, ...] | None = None
+        unstarted: set[int] = set()  # choices whose first delta is still to come
         for attempt in (1, 2):
             request_id = f"vllm-inline-{next(_request_ids)}"
             more = {"session_id": request.session_id} if request.session_id is not None else {}
@@ -100,12 +110,22 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
             async for out in stream:
                 if out.finished and any(c.finish_reason == "error" for c in out.outputs):
                     break
+                if (
+                    want_prompt_logprobs
+                    and prompt_logprobs is None
+                    and out.prompt_logprobs is not None
+                ):
+                    # DELTA outputs hand them over once (with n > 1, once per choice at most,
+                    # and an output merged into another loses them): keep the first.
+                    prompt_logprobs = _prompt_logprobs(out.prompt_logprobs)
                 last = len(out.outputs) - 1
                 for k, c in enumerate(out.outputs):
                     completion_tokens += len(c.token_ids)
                     parser = parsers.get(c.index)
                     if parser is None:
                         parser = parsers[c.index] = make_parser(prompt_ids)
+                        if prompt_out is not None or want_prompt_logprobs:
+                            unstarted.add(c.index)
                     finish = c.finish_reason
                     if request.stream:
                         parsed = parser.feed(c.text, c.token_ids, finish is not None)
@@ -128,13 +148,7 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
                     if not (text or reasoning or tool_calls or finish):
                         pending_ids[c.index] = ids  # partial UTF-8: carried to the next delta
                         continue
-                    prompt_info: dict[str, Any] = {}
-                    if first:
-                        first = False
-                        prompt_info["prompt_token_ids"] = tuple(prompt_ids)
-                        if out.prompt_logprobs is not None:
-                            prompt_info["prompt_logprobs"] = _prompt_logprobs(out.prompt_logprobs)
-                    yield Delta(
+                    delta = Delta(
                         text=text,
                         reasoning=reasoning,
                         tool_calls=tool_calls,
@@ -147,8 +161,13 @@ async def generate(runtime: Runtime, request: Request) -> AsyncIterator[Delta]:
                         stop_reason=c.stop_reason,
                         usage=usage,
                         metrics=metrics,
-                        **prompt_info,
                     )
+                    if unstarted and c.index in unstarted:  # a choice's first delta
+                        unstarted.discard(c.index)
+                        delta = replace(
+                            delta, prompt_token_ids=prompt_out, prompt_logprobs=prompt_logprobs
+                        )
+                    yield delta
 
             else:
                 return

@@ -37,6 +37,7 @@ from vllm_inline.engine.stream.deltas import Delta, TokenLogprob, ToolCallDelta,
 
 __all__ = [
     "EMPTY_FIELDS_LEFT_OUT_SINCE",
+    "LOWEST_LOGPROB",
     "chunk_from_delta",
     "completion_from_deltas",
     "empty_fields_left_out",
@@ -49,7 +50,7 @@ __all__ = [
     "usage_dict",
 ]
 
-_LOWEST_LOGPROB = -9999.0
+LOWEST_LOGPROB = -9999.0
 """vLLM's server clamps log probabilities here (``-inf`` is not JSON)."""
 
 EMPTY_FIELDS_LEFT_OUT_SINCE = "0.34.0"
@@ -103,7 +104,7 @@ def logprobs_dict(logprobs: Iterable[TokenLogprob], top: int | None = None) -> d
     def entry(token: str, logprob: float) -> dict[str, Any]:
         return {
             "token": token,
-            "logprob": max(logprob, _LOWEST_LOGPROB),
+            "logprob": max(logprob, LOWEST_LOGPROB),
             "bytes": list(token.encode("utf-8", errors="replace")),
         }
 

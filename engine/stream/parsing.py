@@ -250,8 +250,11 @@ def make_parser_factory(
     tool_parser: str | None,
     reasoning_parser: str | None,
     chat_template_kwargs: Mapping[str, Any] | None,
+    parallel_tool_calls: bool | None = None,
 ) -> ParserFactory:
-    """The parser factory for a request: pass-through unless tools or reasoning are involved."""
+    """The parser factory for a request: pass-through unless tools or reasoning are involved.
+    ``parallel_tool_calls=False`` reaches the parser's request, whose ``adjust_request``
+    constrains the calls to one where vLLM does."""
     check_parser_name("tool_parser", tool_parser)
     check_parser_name("reasoning_parser", reasoning_parser)
     wants_tools = bool(tools) and tool_choice != "none"
@@ -285,6 +288,7 @@ def make_parser_factory(
             tools=tools if wants_tools else None,
             tool_choice=choice if wants_tools else "none",
             chat_template_kwargs=chat_template_kwargs or {},
+            parallel_tool_calls=parallel_tool_calls,
         )
         parser_cls = parser_class(tool_parser, reasoning_parser, model)
         return _VLLMParserFactory(parser_cls, tokenizer, request, model_config)

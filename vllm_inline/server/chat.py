@@ -72,7 +72,9 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
         check_caps(body, limits.max_tokens_cap, limits.max_n)
         if limits.max_tokens_cap is not None and "max_tokens" not in kwargs:
             kwargs["max_tokens"] = min(limits.max_tokens_cap, int(DEFAULTS["max_tokens"]))
-        prompt_logprobs = kwargs.get("prompt_logprobs")
+        # What the client sent, as vLLM's check_logprobs reads it: prompt logprobs that an
+        # echo asks for are computed in a stream too, and not sent.
+        prompt_logprobs = body.get("prompt_logprobs")
         if body.get("stream") and prompt_logprobs is not None and prompt_logprobs != 0:
             raise BadRequestError(
                 "`prompt_logprobs` are not available when `stream=True`.",
@@ -91,9 +93,11 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
         if body.get("echo") and kwargs.get("prompt_logprobs") is None:
             # As vLLM's to_sampling_params: an echo comes with the prompt's logprobs.
             kwargs["prompt_logprobs"] = body.get("top_logprobs") or 0
+        if body.get("return_token_ids") or body.get("return_prompt_text"):
+            kwargs["return_prompt_token_ids"] = True
         kwargs = prepare(body, kwargs)
         meta: dict[str, Any] = {
-            "id": f"chatcmpl-{request_id(body)}",
+            "id": f"chatcmpl-{request_id(request, body)}",
             "model": served.name,
             "created": now(),
         }
@@ -158,9 +162,11 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
         body = await read_body(request)
         served = models.find("chat", body.get("model"))
         kwargs = prepare(body, completion_kwargs(body, limits))
+        if body.get("return_token_ids") or body.get("echo"):
+            kwargs["return_prompt_token_ids"] = True
         prompts = prompts_of(body)
         meta: dict[str, Any] = {
-            "id": f"cmpl-{request_id(body)}",
+            "id": f"cmpl-{request_id(request, body)}",
             "model": served.name,
             "created": now(),
         }
@@ -215,9 +221,12 @@ def now() -> int:
     return int(time.time())
 
 
-def request_id(body: Mapping[str, Any]) -> str:
-    """The response id's tail: the body's ``request_id``, as ``vllm serve`` takes it, else a
-    fresh one."""
+def request_id(request: Request, body: Mapping[str, Any]) -> str:
+    """The response id's tail, as ``vllm serve`` takes it: the ``X-Request-Id`` header, else
+    the body's ``request_id`` (checked to be a string), else a fresh one."""
+    header = request.headers.get("x-request-id")
+    if header is not None:
+        return header
     given = body.get("request_id")
     return given if isinstance(given, str) and given else uuid.uuid4().hex
 

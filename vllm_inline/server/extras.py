@@ -21,6 +21,8 @@ from typing import Any
 
 from vllm_inline.engine import Delta
 from vllm_inline.engine.stream.deltas import RankedLogprob, TokenLogprob
+from vllm_inline.engine.stream.openai_format import LOWEST_LOGPROB
+from vllm_inline.server.requests import echo_without_generation
 
 __all__ = [
     "chat_extras",
@@ -31,9 +33,6 @@ __all__ = [
     "text_choice_extras",
     "text_logprobs",
 ]
-
-LOWEST = -9999.0
-"""vLLM clamps log probabilities here (``-inf`` is not JSON)."""
 
 
 def _as_id(token_id: int) -> str:
@@ -51,7 +50,7 @@ def prompt_logprobs_json(
         if step is None
         else {
             str(lp.token_id): {
-                "logprob": max(lp.logprob, LOWEST),
+                "logprob": max(lp.logprob, LOWEST_LOGPROB),
                 "rank": lp.rank,
                 "decoded_token": lp.token,
             }
@@ -64,8 +63,10 @@ def prompt_logprobs_json(
 def echo_text(body: Mapping[str, Any]) -> str:
     """Chat ``echo``: the last message's text when it has the role of the answer (the
     assistant's, or the last message's own role without a generation prompt), else ``""``."""
-    messages = body.get("messages") or []
-    if not body.get("echo") or not messages or not isinstance(messages[-1], Mapping):
+    messages = body.get("messages")
+    if not body.get("echo") or not isinstance(messages, list) or not messages:
+        return ""
+    if not isinstance(messages[-1], Mapping):
         return ""
     last = messages[-1]
     generation = body.get("add_generation_prompt")
@@ -81,7 +82,11 @@ def echo_text(body: Mapping[str, Any]) -> str:
 
 
 def _first(deltas: Iterable[Delta]) -> Delta | None:
-    return next((d for d in deltas if d.prompt_token_ids is not None), None)
+    """The delta that carries the prompt's ids or logprobs (a choice's first)."""
+    return next(
+        (d for d in deltas if d.prompt_token_ids is not None or d.prompt_logprobs is not None),
+        None,
+    )
 
 
 def _ids_in_logprobs(logprobs: dict[str, Any], steps: Sequence[TokenLogprob]) -> None:
@@ -168,13 +173,13 @@ def text_logprobs(
             continue
         token = _as_id(step.token_id) if tokens_as_ids else step.token
         tokens.append(token)
-        token_logprobs.append(max(step.logprob, LOWEST))
+        token_logprobs.append(max(step.logprob, LOWEST_LOGPROB))
         ranked = [(token, step.logprob)]
         for (text, value), token_id in zip(step.top_logprobs, step.top_token_ids or ()):
             if token_id != step.token_id:
                 ranked.append((_as_id(token_id) if tokens_as_ids else text, value))
         keep = ranked if top == -1 else ranked[: top + 1]
-        tops.append({text: max(value, LOWEST) for text, value in keep})
+        tops.append({text: max(value, LOWEST_LOGPROB) for text, value in keep})
     return {
         "text_offset": offsets,
         "token_logprobs": token_logprobs,
@@ -221,6 +226,7 @@ def text_choice_extras(
     ``deltas`` are its own."""
     head = _first(deltas) if first else None
     echo = bool(body.get("echo")) and first
+    only_prompt = echo_without_generation(body)  # the one token generated is not shown
     if body.get("return_token_ids"):
         choice["token_ids"] = [t for d in deltas for t in d.token_ids]
         if head is not None:
@@ -230,11 +236,15 @@ def text_choice_extras(
     logprobs = body.get("logprobs")
     if logprobs is not None:
         steps: list[TokenLogprob | int] = _prompt_steps(head) if echo else []
-        steps += [lp for d in deltas for lp in d.logprobs or ()]
+        if not only_prompt:
+            steps += [lp for d in deltas for lp in d.logprobs or ()]
+        # With logprob_token_ids every alternative the engine returned is listed, as vLLM's.
+        top = -1 if body.get("logprob_token_ids") else int(logprobs)
         tokens_as_ids = bool(body.get("return_tokens_as_token_ids"))
-        choice["logprobs"] = text_logprobs(steps, int(logprobs), tokens_as_ids, decode, offset)
-    if echo and not body.get("return_token_ids"):
-        choice["text"] = prompt + choice["text"]
+        choice["logprobs"] = text_logprobs(steps, top, tokens_as_ids, decode, offset)
+    # An echo writes the prompt before the text, unless the ids are returned (vLLM's way).
+    echoed = prompt if echo and not body.get("return_token_ids") else ""
+    choice["text"] = echoed if only_prompt else echoed + choice["text"]
     return choice
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 __all__ = [
@@ -32,12 +33,18 @@ __all__ = [
     "TABLE",
     "Field",
     "fields_of",
+    "refused_fields",
     "to_engine",
 ]
 
 KINDS = ("sampling", "prompt", "request", "route", "no effect", "refused")
+"""The kinds a field can be (the module's docstring says what each means)."""
 ALL_RELEASES = "0.30-0.34"
+"""The releases of a field that every supported vLLM's requests have (:attr:`Field.releases`'
+default)."""
 OPENAI_ONLY = "none (OpenAI's)"
+"""The releases of a field that is OpenAI's and no vLLM request's: clients send it, vLLM
+ignores it."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,7 @@ class Field:
 
 
 CHAT, COMPLETION = ("chat",), ("completion",)
+"""The routes of a field that only one of the two requests has."""
 _SAMPLING = "to vLLM's `SamplingParams`"
 _RENDER_ONLY = "read only by vLLM's `/render` endpoints; ignored on generation there too"
 
@@ -71,7 +79,11 @@ TABLE: Mapping[str, Field] = {
     "stream_options": Field(
         "route", "`include_usage`: the usage chunk (a 400 without `stream`, as in vLLM)"
     ),
-    "request_id": Field("route", "the response's id (`chatcmpl-<request_id>`, `cmpl-...`)"),
+    "request_id": Field(
+        "route",
+        "the response's id (`chatcmpl-<request_id>`, `cmpl-...`) unless the `X-Request-Id` "
+        "header gives one, as in vLLM",
+    ),
     "user": Field("no effect", "OpenAI's end-user label; vLLM ignores it too"),
     "session_id": Field(
         "request",
@@ -170,7 +182,12 @@ TABLE: Mapping[str, Field] = {
         "`auto`, `none`, `required` or a named function (a 400 without `tools`, as in vLLM)",
         CHAT,
     ),
-    "parallel_tool_calls": Field("route", "`false`: only the first tool call is kept", CHAT),
+    "parallel_tool_calls": Field(
+        "request",
+        "`false`: the engine's `parallel_tool_calls` (one call in vLLM's `required` grammar), "
+        "and only the first tool call is kept",
+        CHAT,
+    ),
     "include_reasoning": Field(
         "request",
         "`false`: a reasoning parser's reasoning is dropped (the engine's `reasoning_parser`)",
@@ -180,7 +197,8 @@ TABLE: Mapping[str, Field] = {
     "echo": Field(
         "route",
         "chat: the last message's text (if the assistant's) before the answer; "
-        "completions: the prompt before the text",
+        "completions: the prompt before the text, alone with `max_tokens: 0` (vLLM generates "
+        "one token for it, counted in `usage`)",
     ),
     "return_token_ids": Field("route", "`token_ids` and `prompt_token_ids` in the response"),
     "return_tokens_as_token_ids": Field("route", "logprob tokens as `token_id:<id>`"),
@@ -229,17 +247,39 @@ TABLE: Mapping[str, Field] = {
 ENGINE_KINDS = ("sampling", "prompt", "request")
 """Kinds handed to the engine under the field's name."""
 
+ROUTES = ("chat", "completion")
+"""The requests the table describes."""
 
-def fields_of(route: str) -> dict[str, Field]:
+# Read on every request: worked out once, here.
+_FIELDS = {
+    route: MappingProxyType({name: f for name, f in TABLE.items() if route in f.routes})
+    for route in ROUTES
+}
+_TO_ENGINE = {
+    route: tuple(
+        name
+        for name, f in fields.items()
+        if f.kind in ENGINE_KINDS and name not in ("messages", "prompt", "logit_bias")
+    )
+    for route, fields in _FIELDS.items()
+}
+_REFUSED = {
+    route: tuple((name, f) for name, f in fields.items() if f.kind == "refused")
+    for route, fields in _FIELDS.items()
+}
+
+
+def fields_of(route: str) -> Mapping[str, Field]:
     """The fields of one request (``chat`` or ``completion``)."""
-    return {name: f for name, f in TABLE.items() if route in f.routes}
+    return _FIELDS[route]
 
 
 def to_engine(route: str) -> tuple[str, ...]:
     """The fields of ``route`` handed to the engine as keyword arguments under their names
     (``messages`` and ``prompt`` go their own ways)."""
-    return tuple(
-        name
-        for name, f in fields_of(route).items()
-        if f.kind in ENGINE_KINDS and name not in ("messages", "prompt", "logit_bias")
-    )
+    return _TO_ENGINE[route]
+
+
+def refused_fields(route: str) -> tuple[tuple[str, Field], ...]:
+    """The ``refused`` fields of ``route``, with their entries."""
+    return _REFUSED[route]

@@ -64,10 +64,15 @@ class ServedModels:
             msg = f"served model names must differ: {duplicates} given twice"
             raise ValueError(msg)
 
-    def find(self, kind: Kind, name: Any) -> ServedModel:
+    def find(self, kind: Kind | None, name: Any) -> ServedModel:
         """The model of ``kind`` named ``name`` (``None``: the first of that kind, as ``vllm
-        serve`` takes a request without ``model``); :class:`ModelNotFoundError` otherwise."""
-        of_kind = [m for m in self.all if m.kind == kind]
+        serve`` takes a request without ``model``); :class:`ModelNotFoundError` otherwise.
+        ``kind=None``: a model of any kind, as ``vllm serve``'s tokenizer routes serve every
+        model (without a name: the first chat model, else the first)."""
+        if kind is None and name is None:
+            chat = [m for m in self.all if m.kind == "chat"]
+            return (chat or self.all)[0]
+        of_kind = [m for m in self.all if kind is None or m.kind == kind]
         for model in of_kind:
             if name is None or model.name == name:
                 return model

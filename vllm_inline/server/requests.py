@@ -4,37 +4,60 @@ without the request's shape (no ``messages``, a tool that is no function) is ref
 ``vllm serve``'s request model refuses it (:class:`~vllm_inline.server.errors.InvalidBodyError`).
 
 Which field goes where is :mod:`vllm_inline.server.fields`' table. A field the table does not
-have is ignored with one warning line, as ``vllm serve`` ignores it (its words), or refused
-when the server is strict (``Limits.strict_fields``)."""
+have is ignored, as ``vllm serve`` ignores it, with a line in its words (a warning the first
+time a set of such names is seen, then at debug level: :func:`check_unknown`), or refused when
+the server is strict (``Limits.strict_fields``)."""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from vllm_inline.engine import BadRequestError
+from vllm_inline.engine.request.request import is_token_ids
 from vllm_inline.server.errors import InvalidBodyError
-from vllm_inline.server.fields import fields_of, to_engine
+from vllm_inline.server.fields import fields_of, refused_fields, to_engine
 from vllm_inline.server.limits import Limits
 
-__all__ = ["IGNORED_FIELDS_LOG", "chat_kwargs", "check_fields", "completion_kwargs", "prompts_of"]
+__all__ = [
+    "IGNORED_FIELDS_LOG",
+    "WARNED_SETS",
+    "chat_kwargs",
+    "check_fields",
+    "check_request_id",
+    "check_unknown",
+    "completion_kwargs",
+    "echo_without_generation",
+    "prompts_of",
+]
 
 logger = logging.getLogger("vllm_inline.server")
 
 IGNORED_FIELDS_LOG = "The following fields were present in the request but ignored: %s"
 """``vllm serve``'s words for the fields of a request it does not know (vLLM 0.30-0.34's
-``OpenAIBaseModel``, which logs them at debug level; here a warning: a client's typo is worth
-seeing)."""
+``OpenAIBaseModel``, which logs them at debug level; here a warning the first time a set of
+names is seen: a client's typo is worth seeing once, not on every request)."""
+
+WARNED_SETS = 256
+"""How many distinct sets of unknown names are remembered (each warned about once); past that,
+every new set is logged at debug level too, so that a client sending ever new names cannot
+flood the log or grow the memory."""
+
+_warned: set[frozenset[str]] = set()
+_warned_lock = threading.Lock()
 
 
-def check_fields(body: Mapping[str, Any], route: str, limits: Limits) -> None:
-    """Refuse what ``route``'s table refuses, and what only trusted clients may send; warn
-    about (or, strict, refuse) fields the table does not have."""
-    table = fields_of(route)
-    unknown = sorted(set(body) - set(table))
-    if unknown and limits.strict_fields:
+def check_unknown(body: Mapping[str, Any], known: Collection[str], limits: Limits) -> None:
+    """The body's fields not in ``known``: refused on a strict server (``--strict-fields``),
+    else ignored with :data:`IGNORED_FIELDS_LOG` (at warning level the first time that set of
+    names is seen, then at debug level)."""
+    unknown = sorted(name for name in body if name not in known)
+    if not unknown:
+        return
+    if limits.strict_fields:
         name = unknown[0]
         raise BadRequestError.invalid(
             name,
@@ -42,19 +65,40 @@ def check_fields(body: Mapping[str, Any], route: str, limits: Limits) -> None:
             "an unrecognized request argument (the server refuses unknown fields: "
             "Limits(strict_fields=True), --strict-fields)",
         )
-    if unknown:
-        logger.warning(IGNORED_FIELDS_LOG, set(unknown))
-    for name, field in table.items():
+    names = frozenset(unknown)
+    with _warned_lock:
+        first = names not in _warned and len(_warned) < WARNED_SETS
+        if first:
+            _warned.add(names)
+    logger.log(logging.WARNING if first else logging.DEBUG, IGNORED_FIELDS_LOG, set(unknown))
+
+
+def check_request_id(body: Mapping[str, Any]) -> None:
+    """``request_id``, when sent, is a string (a 400 otherwise, as vLLM's request models)."""
+    given = body.get("request_id")
+    if given is not None and not isinstance(given, str):
+        raise InvalidBodyError("body.request_id", "Input should be a valid string")
+
+
+def check_fields(body: Mapping[str, Any], route: str, limits: Limits) -> None:
+    """Refuse what ``route``'s table refuses, and what only trusted clients may send; warn
+    about (or, strict, refuse) fields the table does not have."""
+    check_unknown(body, fields_of(route), limits)
+    for name, field in refused_fields(route):
         value = body.get(name)
-        if field.kind == "refused" and value is not None and value != field.default:
+        if value is not None and value != field.default:
             raise BadRequestError(
                 f"{name}={value!r} is not supported by vllm-inline's server: {field.note}.",
                 parameter=name,
                 value=value,
             )
+    check_request_id(body)
+    template_kwargs = body.get("chat_template_kwargs")
+    if template_kwargs is not None and not isinstance(template_kwargs, Mapping):
+        raise InvalidBodyError("body.chat_template_kwargs", "Input should be a valid dictionary")
     template = body.get("chat_template")
     if template is None:
-        template = (body.get("chat_template_kwargs") or {}).get("chat_template")
+        template = (template_kwargs or {}).get("chat_template")
     if template is not None and not limits.trust_request_chat_template:
         raise BadRequestError(
             "Chat template is passed with request, but the server does not trust request chat "
@@ -89,12 +133,14 @@ def _common(body: Mapping[str, Any], route: str) -> dict[str, Any]:
             raise BadRequestError.invalid(
                 "logit_bias", body["logit_bias"], "a mapping of token ids to biases"
             ) from None
+    given = body.get("structured_outputs")
+    if given is not None and not isinstance(given, Mapping):  # even beside a response_format
+        raise InvalidBodyError("body.structured_outputs", "Input should be a valid dictionary")
     response_format = body.get("response_format") or {"type": "text"}
     kind = response_format.get("type") if isinstance(response_format, Mapping) else None
     overrides: dict[str, Any] = {}
     if kind == "json_schema":
-        schema = (response_format.get("json_schema") or {}).get("schema")
-        overrides = {"json": schema or {"type": "object"}}
+        overrides = {"json": _json_schema(response_format)}
     elif kind == "json_object":
         overrides = {"json_object": True}
     elif kind == "structural_tag":
@@ -108,12 +154,30 @@ def _common(body: Mapping[str, Any], route: str) -> dict[str, Any]:
     if overrides:
         # As vLLM's structured_outputs_from_response_format: response_format wins over the
         # same fields of structured_outputs, the others stay.
-        given = body.get("structured_outputs")
-        kwargs["structured_outputs"] = {
-            **(given if isinstance(given, Mapping) else {}),
-            **overrides,
-        }
+        kwargs["structured_outputs"] = {**(given or {}), **overrides}
     return kwargs
+
+
+def _json_schema(response_format: Mapping[str, Any]) -> dict[str, Any]:
+    """The schema of a ``json_schema`` ``response_format``, as vLLM's request model takes it
+    (its ``json_schema`` required, a mapping whose ``schema`` is the constraint)."""
+    spec = response_format.get("json_schema")
+    if spec is None:
+        raise BadRequestError(
+            "When response_format type is 'json_schema', the 'json_schema' field must be provided.",
+            parameter="response_format",
+            value=dict(response_format),
+        )
+    if not isinstance(spec, Mapping):
+        raise InvalidBodyError(
+            "body.response_format.json_schema", "Input should be a valid dictionary"
+        )
+    schema = spec.get("schema")
+    if not isinstance(schema, Mapping):
+        # vLLM's structured outputs then have no constraint, which it refuses.
+        problem = "Field required" if schema is None else "Input should be a valid dictionary"
+        raise InvalidBodyError("body.response_format.json_schema.schema", problem)
+    return dict(schema)
 
 
 def _check_tools(tools: Any) -> None:
@@ -145,8 +209,12 @@ def _check_tools(tools: Any) -> None:
 
 
 def _check_stream_options(body: Mapping[str, Any]) -> None:
-    """``stream_options`` only with ``stream``, as vLLM's request models check it."""
-    if body.get("stream_options") and not body.get("stream"):
+    """``stream_options`` a mapping, and only with ``stream``, as vLLM's request models check
+    it."""
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, Mapping):
+        raise InvalidBodyError("body.stream_options", "Input should be a valid dictionary")
+    if options and not body.get("stream"):
         raise BadRequestError(
             "Stream options can only be defined when `stream=True`.",
             parameter="stream_options",
@@ -172,7 +240,10 @@ def chat_kwargs(body: Mapping[str, Any], limits: Limits | None = None) -> dict[s
     if not body.get("tools"):  # `tools: []` is no tools (vLLM 0.34 takes it so; 0.32 refuses)
         kwargs.pop("tool_choice", None)
     if body.get("logprobs"):
-        kwargs["logprobs"] = body.get("top_logprobs") or 0
+        if not body.get("logprob_token_ids"):
+            kwargs["logprobs"] = body.get("top_logprobs") or 0
+        # else as vLLM's to_sampling_params: no count, the engine returns the ids' logprobs
+        # (SamplingParams refuses a count other than len(logprob_token_ids)).
     else:
         for name in ("logprob_token_ids", "top_logprobs"):
             if body.get(name):  # as vLLM's check_logprobs
@@ -194,7 +265,8 @@ def completion_kwargs(body: Mapping[str, Any], limits: Limits | None = None) -> 
     if logprobs is not None:
         if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0:
             raise BadRequestError.invalid("logprobs", logprobs, "an integer >= 0 (top logprobs)")
-        kwargs["logprobs"] = logprobs
+        if not body.get("logprob_token_ids"):  # as in chat_kwargs
+            kwargs["logprobs"] = logprobs
     elif body.get("logprob_token_ids"):
         raise BadRequestError(
             "when using `logprob_token_ids`, `logprobs` must be set.",
@@ -203,9 +275,27 @@ def completion_kwargs(body: Mapping[str, Any], limits: Limits | None = None) -> 
         )
     if body.get("echo") and body.get("suffix") is not None:
         raise BadRequestError("Echo is unsupported with suffix.", parameter="suffix")
+    if echo_without_generation(body):
+        if body.get("logprob_token_ids"):
+            raise BadRequestError(
+                "`logprob_token_ids` is not supported when `echo=True` and `max_tokens=0` "
+                "because no output tokens are generated.",
+                parameter="logprob_token_ids",
+                value=body["logprob_token_ids"],
+            )
+        # As vLLM: one token is generated (an engine request generates at least one), the
+        # answer is the prompt alone (lm-evaluation-harness' loglikelihood requests).
+        kwargs["max_tokens"] = 1
     if body.get("echo") and kwargs.get("prompt_logprobs") is None and logprobs is not None:
         kwargs["prompt_logprobs"] = logprobs  # as vLLM: echoed text comes with its logprobs
     return kwargs
+
+
+def echo_without_generation(body: Mapping[str, Any]) -> bool:
+    """A completion that asks for its prompt back and nothing else (``echo`` with
+    ``max_tokens: 0``), as vLLM's completion request names it."""
+    max_tokens = body.get("max_tokens")
+    return bool(body.get("echo")) and max_tokens == 0 and not isinstance(max_tokens, bool)
 
 
 def prompts_of(body: Mapping[str, Any]) -> list[str | list[int]]:
@@ -217,20 +307,12 @@ def prompts_of(body: Mapping[str, Any]) -> list[str | list[int]]:
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
             return list(prompt)
-        if all(_token_ids(p) for p in prompt):
+        if all(isinstance(p, list) and is_token_ids(p) for p in prompt):
             return [list(p) for p in prompt]
-        if _token_ids(prompt):
+        if is_token_ids(prompt):
             return [list(prompt)]
     raise BadRequestError.invalid(
         "prompt",
         prompt,
         "a string, a non-empty list of strings, a list of token ids, or a list of those",
-    )
-
-
-def _token_ids(value: Any) -> bool:
-    return (
-        isinstance(value, list)
-        and bool(value)
-        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
     )

@@ -18,12 +18,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from vllm_inline.engine import BadRequestError
+from vllm_inline.engine.request.request import non_token_id_at
+from vllm_inline.server.chat import read_body
 from vllm_inline.server.errors import InvalidBodyError
 from vllm_inline.server.limits import Limits
-from vllm_inline.server.models import ModelNotFoundError, ServedModel, ServedModels
-from vllm_inline.server.requests import check_fields
+from vllm_inline.server.models import ServedModel, ServedModels
+from vllm_inline.server.requests import check_fields, check_unknown
 
-__all__ = ["tokens_router"]
+__all__ = ["CHAT_FIELDS", "CHAT_OPTIONS", "DETOKENIZE_FIELDS", "PROMPT_FIELDS", "tokens_router"]
 
 CHAT_OPTIONS = (
     "tools",
@@ -37,17 +39,27 @@ CHAT_OPTIONS = (
 )
 """The rendering fields of vLLM's ``TokenizeChatRequest``, handed to the engine by name."""
 
+CHAT_FIELDS = ("model", "messages", "return_token_strs", *CHAT_OPTIONS, "response_format")
+"""Every field of vLLM's ``TokenizeChatRequest`` (0.30-0.34; ``response_format``, 0.34's, has
+no effect on the ids). Others are ignored with a log line, or refused on a strict server, as on
+the chat routes."""
+
+PROMPT_FIELDS = ("model", "prompt", "add_special_tokens", "return_token_strs")
+"""Every field of vLLM's ``TokenizeCompletionRequest`` (0.30-0.34)."""
+
+DETOKENIZE_FIELDS = ("model", "tokens")
+"""Every field of vLLM's ``DetokenizeRequest`` (0.30-0.34)."""
+
 
 def tokens_router(models: ServedModels, limits: Limits) -> APIRouter:
     """The three routes, on the models of ``models``."""
-    from vllm_inline.server.chat import read_body
-
     router = APIRouter()
 
     @router.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
         body = await read_body(request)
-        served = _find(models, body.get("model"))
+        served = models.find(None, body.get("model"))
+        check_unknown(body, CHAT_FIELDS if "messages" in body else PROMPT_FIELDS, limits)
         if "messages" in body:
             _trusted(body, limits)
             options = {k: body[k] for k in CHAT_OPTIONS if body.get(k) is not None}
@@ -73,14 +85,15 @@ def tokens_router(models: ServedModels, limits: Limits) -> APIRouter:
     @router.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
         body = await read_body(request)
-        served = _find(models, body.get("model"))
+        served = models.find(None, body.get("model"))
+        check_unknown(body, DETOKENIZE_FIELDS, limits)
         tokens = body.get("tokens")
         if not isinstance(tokens, list):
             problem = "Field required" if tokens is None else "Input should be a valid list"
             raise InvalidBodyError("body.tokens", problem)
-        for i, token in enumerate(tokens):
-            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-                raise InvalidBodyError(f"body.tokens.{i}", "Input should be a non-negative integer")
+        bad = non_token_id_at(tokens)
+        if bad is not None:
+            raise InvalidBodyError(f"body.tokens.{bad}", "Input should be a non-negative integer")
         tokenizer = await _tokenizer(served)
         try:
             text = tokenizer.decode(tokens)
@@ -96,18 +109,6 @@ def tokens_router(models: ServedModels, limits: Limits) -> APIRouter:
         return {"version": found[1] if found else "unknown"}
 
     return router
-
-
-def _find(models: ServedModels, name: Any) -> ServedModel:
-    """The model named ``name`` whatever it serves (``None``: the first chat model, else the
-    first), as ``vllm serve``'s tokenizer routes serve every model."""
-    if name is None:
-        chat = [m for m in models.all if m.kind == "chat"]
-        return (chat or models.all)[0]
-    for model in models.all:
-        if model.name == name:
-            return model
-    raise ModelNotFoundError(f"The model `{name}` does not exist.")
 
 
 def _trusted(body: Mapping[str, Any], limits: Limits) -> None:

@@ -10,7 +10,7 @@ chat template as ``reasoning_effort`` and ``enable_thinking``; ``include`` with
 ``message.output_text.logprobs`` asks for ``top_logprobs`` alternatives. What this package
 cannot honour is refused with a 400 naming the field (``background`` with ``stream``,
 ``prompt``, ``conversation``, ``truncation: "auto"``, hosted tools). The route ignores a field
-neither request has (:func:`unknown_fields`) with one warning line, as ``vllm serve`` does, or
+neither request has (not in :data:`KNOWN_FIELDS`) with a log line, as ``vllm serve`` does, or
 refuses it on a strict server (``Limits.strict_fields``)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from vllm_inline.engine import BadRequestError
 from vllm_inline.server.errors import InvalidBodyError
 
-__all__ = ["echoed_fields", "engine_kwargs", "function_tools", "unknown_fields"]
+__all__ = ["KNOWN_FIELDS", "echoed_fields", "engine_kwargs", "function_tools"]
 
 # Sampling fields handed to the engine under the same name.
 _SAMPLING = (
@@ -74,6 +74,9 @@ _OTHERS = (
     "safety_identifier",
     "stream_options",
 )
+KNOWN_FIELDS = frozenset((*_SAMPLING, *_OTHERS))
+"""Every field of OpenAI's and vLLM's Responses requests; the route ignores others with a log
+line, or refuses them on a strict server (as the chat routes)."""
 _INCLUDABLE = (
     "code_interpreter_call.outputs",
     "computer_call_output.output.image_url",
@@ -184,11 +187,6 @@ def _refuse_what_is_not_served(body: Mapping[str, Any]) -> None:
         raise BadRequestError.invalid("include", include, f"a list of {list(_INCLUDABLE)}")
 
 
-def unknown_fields(body: Mapping[str, Any]) -> list[str]:
-    """The body's fields that neither OpenAI's nor vLLM's Responses request has."""
-    return sorted(set(body) - {*_SAMPLING, *_OTHERS})
-
-
 def engine_kwargs(body: Mapping[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any]:
     """The ``Engine.astream`` keyword arguments for a ``/v1/responses`` body (the messages
     come from :func:`~.inputs.conversation`)."""
@@ -207,6 +205,8 @@ def engine_kwargs(body: Mapping[str, Any], tools: list[dict[str, Any]]) -> dict[
     if tools:
         kwargs["tools"] = tools
         kwargs["tool_choice"] = choice
+        if body.get("parallel_tool_calls") is False:  # one call, constrained as in chat
+            kwargs["parallel_tool_calls"] = False
     structured = _structured_outputs(body)
     if structured is not None:
         kwargs["structured_outputs"] = structured
@@ -215,6 +215,9 @@ def engine_kwargs(body: Mapping[str, Any], tools: list[dict[str, Any]]) -> dict[
     for name in ("chat_template_kwargs", "reasoning"):
         if body.get(name) is not None and not isinstance(body[name], Mapping):
             raise InvalidBodyError(f"body.{name}", "Input should be a valid dictionary")
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise InvalidBodyError("body.parallel_tool_calls", "Input should be a valid boolean")
     template_kwargs = dict(body.get("chat_template_kwargs") or {})
     effort = (body.get("reasoning") or {}).get("effort")
     if effort is not None:

@@ -24,17 +24,17 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from vllm_inline.engine import DEFAULTS, BadRequestError, Delta, VLLMInlineError
 from vllm_inline.server.chat import read_body, until_disconnect
-from vllm_inline.server.errors import error_response, status_of
+from vllm_inline.server.errors import InvalidBodyError, error_response, status_of
 from vllm_inline.server.limits import Limits
 from vllm_inline.server.models import ServedModels
-from vllm_inline.server.requests import IGNORED_FIELDS_LOG
+from vllm_inline.server.requests import check_request_id, check_unknown
 from vllm_inline.server.responses.background import BackgroundResponses
 from vllm_inline.server.responses.inputs import conversation
 from vllm_inline.server.responses.params import (
+    KNOWN_FIELDS,
     echoed_fields,
     engine_kwargs,
     function_tools,
-    unknown_fields,
 )
 from vllm_inline.server.responses.store import CANCELLABLE, ResponseStore
 from vllm_inline.server.responses.turn import Turn
@@ -85,19 +85,15 @@ def responses_router(
             )
         history: list[dict[str, Any]] = []
         previous = body.get("previous_response_id")
+        if previous is not None and not isinstance(previous, str):
+            raise InvalidBodyError("body.previous_response_id", "Input should be a valid string")
         if previous is not None:
-            stored = await asyncio.to_thread(lambda: store().get(str(previous)))
+            stored = await asyncio.to_thread(lambda: store().get(previous))
             if stored is None:
-                return _not_found(str(previous), "previous_response_id")
+                return _not_found(previous, "previous_response_id")
             history = stored.messages
-        unknown = unknown_fields(body)
-        if unknown and limits.strict_fields:
-            name = unknown[0]
-            raise BadRequestError.invalid(
-                name, body[name], "an unrecognized request argument (--strict-fields)"
-            )
-        if unknown:
-            logger.warning(IGNORED_FIELDS_LOG, set(unknown))
+        check_unknown(body, KNOWN_FIELDS, limits)
+        check_request_id(body)
         tools = function_tools(body.get("tools"))
         kwargs = engine_kwargs(body, tools)
         if cap is not None and "max_tokens" not in kwargs:
