@@ -167,8 +167,19 @@ def _start_vllm(model: str, options: dict[str, Any], extra: list[str], log: Path
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     cmd += ["--host", "127.0.0.1", "--port", str(port), *flags, *extra]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, process_group=0, env=ENV)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, process_group=0, env=vllm_env(log)
+        )
     return proc, f"http://127.0.0.1:{port}"
+
+
+def vllm_env(log: Path) -> dict[str, str]:
+    """The environment of vLLM's server logging to ``log``: a temporary directory of its own
+    beside the log, under pytest's, where its IPC sockets and rendezvous files go (vLLM leaves
+    them on a signal: docs/deployment.md), not in the host's temporary directory."""
+    tmp = log.parent / log.stem
+    tmp.mkdir(exist_ok=True)
+    return {**ENV, "TMPDIR": str(tmp)}
 
 
 def _wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:

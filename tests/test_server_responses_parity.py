@@ -25,7 +25,7 @@ import httpx
 import pytest
 from processes import free_port
 from serving import serving
-from test_server_parity import ENV, assert_same, usage_as_vllm
+from test_server_parity import assert_same, usage_as_vllm, vllm_env
 
 from vllm_inline.engine import get_engine, start_engines
 from vllm_inline.server import OpenAIServer
@@ -121,7 +121,7 @@ def vllm_server(model: str, options: dict[str, Any], flags: list[str], log: Path
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
            "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     cmd += [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in options.items()]
-    env = {**ENV, "VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+    env = {**vllm_env(log), "VLLM_ENABLE_RESPONSES_API_STORE": "1"}
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [*cmd, *flags], stdout=out, stderr=subprocess.STDOUT, process_group=0, env=env
