@@ -177,7 +177,7 @@ def vllm_env(log: Path) -> dict[str, str]:
     """The environment of vLLM's server logging to ``log``: a temporary directory of its own
     beside the log, under pytest's, where its IPC sockets and rendezvous files go (vLLM leaves
     them on a signal: docs/deployment.md), not in the host's temporary directory."""
-    tmp = log.parent / log.stem
+    tmp = log.parent / f"{log.name}.tmp"
     tmp.mkdir(exist_ok=True)
     return {**ENV, "TMPDIR": str(tmp)}
 
