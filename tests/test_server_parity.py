@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from typing import Any
 
 import httpx
 import pytest
+from processes import free_port
 from serving import serving
 
 from vllm_inline.engine import get_engine, start_engines
@@ -108,12 +108,6 @@ class Pair:
 # -- the servers ----------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _stat(pid: int) -> list[str]:
     """``/proc/<pid>/stat`` after the command name: state, ppid, process group, ..."""
     try:
@@ -157,10 +151,19 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def _start_vllm(model: str, options: dict[str, Any], extra: list[str], log: Path) -> Any:
+@contextlib.contextmanager
+def vllm_server(
+    model: str,
+    options: dict[str, Any],
+    extra: list[str],
+    log: Path,
+    env: dict[str, str] | None = None,
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """``vllm serve``'s server for ``model`` with ``options`` as flags (benchmarks/servers.py's
-    way), in a process group of its own."""
-    port = _free_port()
+    way) and ``extra`` flags, in a process group of its own, logging to ``log``, with ``env``
+    added to the environment: its process and URL. Stopped on the way out (:func:`_stop`); its
+    temporary files go to a directory of its own beside the log (:func:`vllm_env`)."""
+    port = free_port()
     flags = [
         f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in options.items()
     ]
@@ -168,9 +171,16 @@ def _start_vllm(model: str, options: dict[str, Any], extra: list[str], log: Path
     cmd += ["--host", "127.0.0.1", "--port", str(port), *flags, *extra]
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, process_group=0, env=vllm_env(log)
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+            env={**vllm_env(log), **(env or {})},
         )
-    return proc, f"http://127.0.0.1:{port}"
+    try:
+        yield proc, f"http://127.0.0.1:{port}"
+    finally:
+        _stop(proc)
 
 
 def vllm_env(log: Path) -> dict[str, str]:
@@ -182,7 +192,9 @@ def vllm_env(log: Path) -> dict[str, str]:
     return {**ENV, "TMPDIR": str(tmp)}
 
 
-def _wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+    """Until vLLM's server at ``url`` answers ``/health`` (10 minutes at most); its log's end
+    if it exits first."""
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"vLLM's server exited:\n{log.read_text()[-3000:]}"
@@ -221,10 +233,13 @@ def pairs(
     }
     started_here = [e for e in engines.values() if not e.started]
     logs = tmp_path_factory.mktemp("vllm-serve")
-    servers: dict[str, Any] = {}
-    try:
-        for key, path in paths.items():
-            servers[key] = _start_vllm(path, options, flags[key], logs / f"{key}.log")
+    with contextlib.ExitStack() as stack:
+        for engine in started_here:  # shut down after vLLM's servers stop (the stack's order)
+            stack.callback(engine.shutdown)
+        servers = {
+            key: stack.enter_context(vllm_server(path, options, flags[key], logs / f"{key}.log"))
+            for key, path in paths.items()
+        }
         start_engines(*engines.values())
         server = OpenAIServer(
             chat={paths[k]: engines[k] for k in ("chat", "tools")},
@@ -235,13 +250,8 @@ def pairs(
         server.install(app)
         with serving(app) as ours:
             for key, (proc, url) in servers.items():
-                _wait_healthy(proc, url, logs / f"{key}.log")
+                wait_healthy(proc, url, logs / f"{key}.log")
             yield {key: Pair(servers[key][1], ours, path) for key, path in paths.items()}
-    finally:
-        for proc, _ in servers.values():
-            _stop(proc)
-        for engine in started_here:
-            engine.shutdown()
 
 
 # -- comparing --------------------------------------------------------------------------------

@@ -12,20 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from processes import free_port
 from serving import serving
-from test_server_parity import assert_same, usage_as_vllm, vllm_env
+from test_server_parity import assert_same, usage_as_vllm, vllm_server, wait_healthy
 
 from vllm_inline.engine import get_engine, start_engines
 from vllm_inline.server import OpenAIServer
@@ -113,43 +107,6 @@ class Pair:
         return out[0], out[1]
 
 
-@contextlib.contextmanager
-def vllm_server(model: str, options: dict[str, Any], flags: list[str], log: Path) -> Iterator[str]:
-    """vLLM's server (what ``vllm serve`` runs) with its Responses store on, in its own process
-    group; stopped with SIGTERM to the group (SIGKILL after 30 s)."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-           "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
-    cmd += [f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}") for k, v in options.items()]
-    env = {**vllm_env(log), "VLLM_ENABLE_RESPONSES_API_STORE": "1"}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [*cmd, *flags], stdout=out, stderr=subprocess.STDOUT, process_group=0, env=env
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def wait_healthy(url: str, log: Path) -> None:
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(1)
-    raise TimeoutError(f"vLLM's server was not healthy:\n{log.read_text()[-3000:]}")
-
-
 @pytest.fixture(scope="module")
 def pairs(scripted: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Pair]]:
     from fastapi import FastAPI
@@ -166,8 +123,10 @@ def pairs(scripted: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
     engines = {key: get_engine(path, **options) for key, path in paths.items()}
     logs = tmp_path_factory.mktemp("vllm-serve-responses")
     with contextlib.ExitStack() as stack:
-        urls = {key: stack.enter_context(vllm_server(path, options, flags[key], logs / key))
-                for key, path in paths.items()}  # fmt: skip
+        store_on = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}  # vLLM's Responses store
+        servers = {key: stack.enter_context(vllm_server(path, options, flags[key], logs / key,
+                                                        store_on))
+                   for key, path in paths.items()}  # fmt: skip
         start_engines(*engines.values())
         server = OpenAIServer(
             chat={paths[k]: e for k, e in engines.items()},
@@ -177,9 +136,9 @@ def pairs(scripted: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
         app = FastAPI(lifespan=server.lifespan)
         server.install(app)
         ours = stack.enter_context(serving(app))
-        for key, url in urls.items():
-            wait_healthy(url, logs / key)
-        yield {key: Pair(urls[key], ours, path) for key, path in paths.items()}
+        for key, (proc, url) in servers.items():
+            wait_healthy(proc, url, logs / key)
+        yield {key: Pair(servers[key][1], ours, path) for key, path in paths.items()}
 
 
 def assert_same_response(
