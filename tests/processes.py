@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import stat
@@ -14,10 +15,14 @@ import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 
 SHM = "/dev/shm"
+RENDEZVOUS_PREFIX = "vllm_dist_"
+"""vLLM's ``torch.distributed`` rendezvous files in the temporary directory (vLLM's
+``get_file_store_init_method``): left there when a vLLM process is stopped by a signal."""
 
 
 def shm_entries() -> set[str]:
@@ -121,11 +126,64 @@ def describe(processes: Iterable[psutil.Process]) -> list[str]:
     return lines
 
 
+_GIVEN_PORTS: set[int] = set()
+"""Every port :func:`free_port` handed out in this process."""
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    """A TCP port on 127.0.0.1 that nothing listens on now, never handed out before in this
+    process, and below the kernel's ephemeral range.
+
+    A test starts several servers at once and each binds its port only after its imports
+    (tens of seconds here); meanwhile every ``bind(("", 0))`` on the host picks from the
+    ephemeral range (vLLM's engines for their distributed rendezvous, clients' outgoing
+    sockets), and two ``bind(0)`` probes can return the same port. Below that range, and
+    never twice, a port stays the one server's it was given.
+    """
+    low = ephemeral_ports()[0]
+    candidates = range(20000, low) if low > 21000 else range(0)
+    rng = random.Random()
+    for _ in range(200 if candidates else 0):
+        port = rng.choice(candidates)
+        if port not in _GIVEN_PORTS and _bindable(port):
+            _GIVEN_PORTS.add(port)
+            return port
+    while True:  # a host whose ephemeral range starts low: the kernel's pick, never twice
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _GIVEN_PORTS:
+            _GIVEN_PORTS.add(port)
+            return port
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux's default where it cannot be read)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` itself holds a TCP socket listening on ``port``."""
+    try:
+        connections = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return False
+    return any(
+        c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in connections
+    )
 
 
 @dataclass

@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 import pytest
-from processes import free_port
+from processes import free_port, listens
 from serving import serving
 
 from vllm_inline.engine import get_engine, start_engines
@@ -200,6 +200,9 @@ def wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
         assert proc.poll() is None, f"vLLM's server exited:\n{log.read_text()[-3000:]}"
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                # Another server on the port would answer the suite's requests with its model.
+                port = int(url.rsplit(":", 1)[1])
+                assert listens(proc.pid, port), f"{url} is not answered by vLLM's server {proc.pid}"
                 return
         time.sleep(1)
     raise TimeoutError(f"vLLM's server was not healthy in 600 s:\n{log.read_text()[-3000:]}")
