@@ -24,13 +24,14 @@ from typing import Any
 
 import pytest
 from launches import Launches
-from processes import left_in_tmp, remove_from_tmp, tmp_entries
+from processes import RENDEZVOUS_PREFIX, left_in_tmp, remove_from_tmp, tmp_entries
 
 from vllm_inline.testing import ScriptedModel, scripted_model
 
 pytest_plugins = ["engine_starts"]
 
 _LEFT_IN_TMP: list[tuple[str, list[str]]] = []  # (test, names left in /tmp after it)
+_RENDEZVOUS_SEEN: dict[str, str] = {}  # vllm_dist_* file in /tmp -> test it appeared by
 
 OWN_PROCESSES = (
     "tests/test_check.py::test_check_fails_when",
@@ -209,6 +210,9 @@ def nothing_left_in_tmp(request: pytest.FixtureRequest, tmp_at_start: set[str]) 
     host can add names meanwhile: the summary says what was found, it does not fail the test."""
     yield
     new = tmp_entries() - tmp_at_start
+    for name in new:
+        if name.startswith(RENDEZVOUS_PREFIX):
+            _RENDEZVOUS_SEEN.setdefault(name, request.node.nodeid)
     if not new or not (left := left_in_tmp(new)):
         return
     left = left_in_tmp(left)  # again: a socket bound between its file and the kernel's table
@@ -218,6 +222,13 @@ def nothing_left_in_tmp(request: pytest.FixtureRequest, tmp_at_start: set[str]) 
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    # A rendezvous file is in use while its engine runs, which may outlive a test (a module's
+    # server): one still there when every fixture is down was left by the test it appeared in.
+    root = tempfile.gettempdir()
+    for name, test in _RENDEZVOUS_SEEN.items():
+        if os.path.exists(os.path.join(root, name)):
+            remove_from_tmp([name])
+            _LEFT_IN_TMP.append((test, [name]))
     for test, names in _LEFT_IN_TMP:
         terminalreporter.write_line(
             f"left in {tempfile.gettempdir()} after {test} (removed): {', '.join(names)}",

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -80,9 +81,11 @@ async def test_data_parallel_spreads_streams_over_both_engine_cores(scripted) ->
     no_process_left(before)
 
 
-def headless_engine_core(s: Any, rpc_port: int) -> subprocess.Popen[bytes]:
+def headless_engine_core(s: Any, rpc_port: int, tmp: Path) -> subprocess.Popen[bytes]:
     """The second "node": ``vllm serve --headless`` running data-parallel rank 1, which
-    connects to the head at 127.0.0.1:rpc_port (vLLM's multi-node recipe, on one host)."""
+    connects to the head at 127.0.0.1:rpc_port (vLLM's multi-node recipe, on one host), with
+    ``tmp`` as its temporary directory: vLLM leaves its rendezvous file there when stopped by a
+    signal (docs/deployment.md), not in the host's."""
     kw = s.engine_kwargs
     cmd = [
         sys.executable, "-c", VLLM_SERVE, s.path, "--headless",
@@ -92,7 +95,7 @@ def headless_engine_core(s: Any, rpc_port: int) -> subprocess.Popen[bytes]:
         "--dtype", kw["dtype"], "--max-model-len", str(kw["max_model_len"]),
         "--kv-cache-memory-bytes", str(kw["kv_cache_memory_bytes"]), "--enforce-eager",
     ]  # fmt: skip
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TMPDIR": str(tmp)}
     return subprocess.Popen(cmd, env=env, start_new_session=True)
 
 
@@ -106,13 +109,13 @@ def multi_node_layout(rpc_port: int) -> dict[str, Any]:
 
 
 async def test_multi_node_data_parallel_head_and_headless_engine_core(
-    scripted, monkeypatch
+    scripted, monkeypatch, tmp_path
 ) -> None:
     monkeypatch.setenv("VLLM_ENGINE_READY_TIMEOUT_S", "300")  # if the peer fails to start
     before = descendants()
     port = free_port()
     s = with_layout(scripted("long"), **multi_node_layout(port))
-    peer = headless_engine_core(s, port)
+    peer = headless_engine_core(s, port, tmp_path)
     engine = get_engine(s.path, **s.engine_kwargs)
     try:
         chat = ChatVLLM(model=s.path, vllm_kwargs=s.engine_kwargs)

@@ -14,8 +14,10 @@ import contextlib
 import importlib.util
 import json
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -164,7 +166,12 @@ def cluster(scripted: Any) -> Iterator[Cluster]:
     path = scripted("demo").path
     port = free_port()
     before = descendants(os.getpid())
+    # Ray keeps each session's logs and sockets under /tmp/ray unless told otherwise, and
+    # leaves them there: a directory of the module's own, removed with the cluster. Short,
+    # because Ray's Unix socket paths inside it must fit in 107 bytes.
+    ray_tmp = tempfile.mkdtemp(prefix="ray-")
     ray.init(
+        _temp_dir=ray_tmp,
         address="local",
         num_cpus=2,
         object_store_memory=200 * 2**20,
@@ -184,7 +191,10 @@ def cluster(scripted: Any) -> Iterator[Cluster]:
         serve.run(app, name="chain", route_prefix="/")
         yield cluster
     finally:
-        cluster.shutdown()
+        try:
+            cluster.shutdown()
+        finally:
+            shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def stats(cluster: Cluster) -> dict[str, Any]:
