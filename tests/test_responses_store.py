@@ -228,3 +228,44 @@ def test_serve_refuses_a_memory_store_for_several_workers(
     assert "with --workers use a file" in capsys.readouterr().out
     defaults = parser.parse_args([])
     assert defaults.responses_store is None and defaults.reasoning_parser is None
+
+
+def test_serve_flags_set_the_stores_size_and_expiry_and_it_still_opens_at_first_use(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from vllm_inline.serve import add_arguments, responses_store_of
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    path = tmp_path / "store.sqlite3"
+    args = parser.parse_args(["--responses-store", str(path), "--responses-store-max-bytes",
+                              "4096", "--responses-store-ttl-seconds", "60"])  # fmt: skip
+    opener = responses_store_of(args)
+    assert not path.exists()  # a server that never serves /v1/responses writes nothing
+    store = opener()
+    try:
+        assert isinstance(store, SQLiteResponseStore) and path.exists()
+        assert (store.max_bytes, store.ttl_seconds) == (4096, 60.0)
+    finally:
+        store.close()
+    assert responses_store_of(parser.parse_args(["--responses-store", str(path)])) == str(path)
+    # The server takes the opener as it is (an engine that never starts: nothing else runs).
+    from vllm_inline.engine import Engine
+    from vllm_inline.server import OpenAIServer
+
+    server = OpenAIServer(chat={"m": Engine(str(tmp_path / "no-model"), {})},
+                          responses_store=responses_store_of(args))  # fmt: skip
+    try:
+        assert server.responses_store().max_bytes == 4096
+    finally:
+        server.responses_store.close()
+    for flag, value in (("--responses-store-max-bytes", "0"),
+                        ("--responses-store-max-bytes", "1.5"),
+                        ("--responses-store-ttl-seconds", "-1"),
+                        ("--responses-store-ttl-seconds", "nan")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            parser.parse_args([flag, value])
+        error = capsys.readouterr().err
+        assert f"argument {flag}:" in error and repr(value) in error, error

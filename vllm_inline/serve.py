@@ -18,7 +18,10 @@ __all__ = [
     "add_arguments",
     "app_from_environment",
     "build_app",
+    "byte_count",
     "limits_of",
+    "responses_store_of",
+    "seconds",
     "serve",
     "worker_count",
 ]
@@ -68,6 +71,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "worker) (default: $VLLMINLINE_RESPONSES_STORE, else ~/.cache/vllm_inline/responses.sqlite3)",
     )
     parser.add_argument(
+        "--responses-store-max-bytes",
+        type=byte_count,
+        default=None,
+        help="the most stored JSON the store keeps; past it the oldest responses are deleted "
+        "(default: 256 MiB)",
+    )
+    parser.add_argument(
+        "--responses-store-ttl-seconds",
+        type=seconds,
+        default=None,
+        help="how long a stored response is kept (default: 30 days, as OpenAI)",
+    )
+    parser.add_argument(
         "--reasoning-parser",
         default=None,
         help="vLLM's reasoning parser for the chat model's answers (message.reasoning, "
@@ -108,6 +124,50 @@ def worker_count(text: str) -> int:
             f"must be a whole number of worker processes, 1 or more; got {text!r}"
         )
     return value
+
+
+def byte_count(text: str) -> int:
+    """``--responses-store-max-bytes``: a whole number of bytes, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number of bytes, 1 or more; got {text!r}"
+        )
+    return value
+
+
+def seconds(text: str) -> float:
+    """``--responses-store-ttl-seconds``: a number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0; got {text!r}")
+    return value
+
+
+def responses_store_of(args: argparse.Namespace) -> Any:
+    """The ``responses_store`` of the server: the ``--responses-store`` path (``None``: the
+    default), or, with a size or expiry flag, a function that opens it with them (at the first
+    ``/v1/responses`` request that needs it, as a path is)."""
+    where = getattr(args, "responses_store", None)
+    limits = {
+        name: value
+        for name, flag in (("max_bytes", "responses_store_max_bytes"),
+                           ("ttl_seconds", "responses_store_ttl_seconds"))
+        if (value := getattr(args, flag, None)) is not None
+    }  # fmt: skip
+    if not limits:
+        return where
+    from functools import partial
+
+    from vllm_inline.server.responses import open_store
+
+    return partial(open_store, where, **limits)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -174,6 +234,6 @@ def build_app(args: argparse.Namespace) -> Any:
         rerank=args.rerank_model,
         limits=limits,
         vllm_kwargs=args.vllm_kwargs,
-        responses_store=getattr(args, "responses_store", None),
+        responses_store=responses_store_of(args),
         reasoning_parser=getattr(args, "reasoning_parser", None),
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
@@ -54,7 +54,11 @@ class OpenAIServer:
         limits: Limits | None = None,
         reasoning_field: str = "reasoning",
         chat_page: bool = True,
-        responses_store: ResponseStore | str | os.PathLike[str] | None = None,
+        responses_store: ResponseStore
+        | Callable[[], ResponseStore]
+        | str
+        | os.PathLike[str]
+        | None = None,
         reasoning_parser: str | Mapping[str, str] | None = None,
     ) -> None:
         served = [
@@ -89,11 +93,16 @@ class OpenAIServer:
         --reasoning-parser``: one name for every chat model, or served names to parsers;
         ``None``: the reasoning stays in the text."""
         given = responses_store
-        self.responses_store = LazyStore(
-            (lambda: given) if isinstance(given, ResponseStore) else (lambda: open_store(given))
-        )
+        if isinstance(given, ResponseStore):
+            opener: Callable[[], ResponseStore] = lambda: given
+        elif callable(given):
+            opener = given
+        else:
+            opener = lambda: open_store(given)
+        self.responses_store = LazyStore(opener)
         """The store of ``/v1/responses`` (:mod:`vllm_inline.server.responses.store`): a store,
-        an SQLite file's path, ``":memory:"`` (one process only), or ``None`` for
+        a function that opens one (``functools.partial(open_store, path, max_bytes=...)``), an
+        SQLite file's path, ``":memory:"`` (one process only), or ``None`` for
         ``$VLLMINLINE_RESPONSES_STORE``, else ``~/.cache/vllm_inline/responses.sqlite3``; opened
         at its first use, closed with the lifespan."""
         self.background_responses = BackgroundResponses(self.responses_store)
