@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from langchain_core.messages import HumanMessage
 from llama_index.core.base.llms.types import ChatMessage, ImageBlock, TextBlock
@@ -317,6 +318,35 @@ def test_chatvllm_async_local_file_image(vision: Vision) -> None:
     )
     answer = asyncio.run(llm.ainvoke([message]))
     assert answer.content == _reference_text(vision, "red")
+
+
+# -- the server's /v1/responses ----------------------------------------------------------------
+
+
+def test_responses_input_image_gets_the_engines_answer_about_that_image(vision: Vision) -> None:
+    """An ``input_image`` part of a Responses message reaches the engine as the image it is:
+    each colour's answer is the engine's own for that image, with its image tokens counted."""
+    from fastapi import FastAPI
+    from serving import serving
+
+    from vllm_inline.server import OpenAIServer
+    from vllm_inline.server.responses import MemoryResponseStore
+
+    server = OpenAIServer(chat={"vision": vision.engine}, responses_store=MemoryResponseStore())
+    app = FastAPI(lifespan=server.lifespan)
+    server.install(app)
+    with serving(app) as url:
+        for color in ("red", "blue"):
+            content = [
+                {"type": "input_image", "image_url": _data_url(_png(color))},
+                {"type": "input_text", "text": QUESTION},
+            ]
+            body = {"model": "vision", "max_output_tokens": MAX_TOKENS, "temperature": 0,
+                    "input": [{"type": "message", "role": "user", "content": content}]}  # fmt: skip
+            answer = httpx.post(f"{url}/v1/responses", json=body, timeout=120).json()
+            (message,) = answer["output"]
+            assert message["content"][0]["text"] == _reference_text(vision, color), color
+            assert answer["usage"]["input_tokens"] == vision.prompt_tokens[color], color
 
 
 # -- LlamaIndex -----------------------------------------------------------------------------
