@@ -214,6 +214,73 @@ def test_a_writer_killed_mid_write_leaves_nothing_half_written(tmp_path: Path) -
     assert len(found) <= len(committed) + 1, (committed, sorted(found))
 
 
+RUNNER = """
+import sys, time
+from vllm_inline.server.responses import SQLiteResponseStore, StoredResponse
+store = SQLiteResponseStore(sys.argv[1])
+for rid, status in (("resp_q", "queued"), ("resp_p", "in_progress"), ("resp_c", "completed")):
+    store.put(StoredResponse({"id": rid, "status": status}, []))
+print("stored", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_background_response_of_a_killed_worker_is_failed_at_the_next_read(
+    tmp_path: Path,
+) -> None:
+    """A worker killed while it runs background responses cannot mark them: the store names
+    the process that runs each, and the first read after it is gone fails them, once."""
+    path = tmp_path / "store.sqlite3"
+    child = subprocess.Popen([sys.executable, "-c", RUNNER, str(path)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "stored"
+        store = SQLiteResponseStore(path)
+        got = store.get("resp_q")
+        assert got is not None and got.response["status"] == "queued"  # its runner runs
+        assert store.status("resp_p") == "in_progress"
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    failed = store.get("resp_q")
+    assert failed is not None and failed.response["status"] == "failed"
+    assert failed.response["error"]["code"] == "server_error"
+    assert f"pid {child.pid}" in failed.response["error"]["message"]
+    assert store.status("resp_p") == "failed"  # the cheap poll sees it too
+    cancelled = store.cancel("resp_p")  # too late: it failed
+    assert cancelled is not None and cancelled.response["status"] == "failed"
+    finished = store.get("resp_c")
+    assert finished is not None and finished.response == {"id": "resp_c", "status": "completed"}
+    store.close()
+    again = SQLiteResponseStore(path)  # written once: another opener reads the same
+    assert again.get("resp_q") == failed
+    again.close()
+
+
+def test_a_file_of_the_previous_schema_is_brought_up_to_date(tmp_path: Path) -> None:
+    path = tmp_path / "v1.sqlite3"
+    db = sqlite3.connect(path)
+    db.execute(
+        "CREATE TABLE responses (id TEXT PRIMARY KEY, stored_at REAL NOT NULL, expires_at "
+        "REAL NOT NULL, bytes INTEGER NOT NULL, status TEXT NOT NULL, response TEXT NOT NULL, "
+        "messages TEXT NOT NULL)"
+    )
+    response = json.dumps({"id": "resp_1", "status": "queued"})
+    row = ("resp_1", time.time(), time.time() + 60, 10, "queued", response, "[]")
+    db.execute("INSERT INTO responses VALUES (?, ?, ?, ?, ?, ?, ?)", row)
+    db.execute("PRAGMA user_version=1")
+    db.commit()
+    db.close()
+    store = SQLiteResponseStore(path)
+    got = store.get("resp_1")  # no runner recorded: left as it is
+    assert got is not None and got.response["status"] == "queued"
+    assert store.put(stored("resp_2")) and store.get("resp_2") == stored("resp_2")
+    store.close()
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone() == (2,)
+    db.close()
+
+
 def test_serve_refuses_a_memory_store_for_several_workers(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -6,8 +6,9 @@ its place when it ends (``GET /v1/responses/{id}`` on any worker then reads it).
 ``cancelled`` (:meth:`~.store.ResponseStore.cancel`, one transaction), and the worker running it
 sees that within :data:`POLL_SECONDS` (at once when it is the same worker), closes the engine
 stream (which aborts the request in vLLM) and does not overwrite the cancelled response. A
-worker that stops cancels its background responses the same way. One killed meanwhile leaves
-its responses ``queued`` until they expire.
+worker that stops cancels its background responses the same way. One killed meanwhile cannot:
+the SQLite store records the process that runs each response still queued or in progress, and
+the first read after that process is gone marks it ``failed`` (:mod:`.sqlite_store`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,12 @@
 """The default response store: one SQLite file that every worker of the machine shares (see
-:mod:`.store`)."""
+:mod:`.store`).
+
+Each response still ``queued`` or ``in_progress`` names the process that runs it
+(``<pid>-<start>``, the process that stored it: a background response runs in the worker that
+took the request). A worker killed meanwhile cannot mark its responses; the first read that
+finds one whose process has ended marks it ``failed``, in one transaction, so every worker (and
+a restarted group) then reads the same. Processes of one machine: the file is WAL, which needs
+shared memory."""
 
 from __future__ import annotations
 
@@ -11,7 +18,9 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
+from vllm_inline.engine.seam import ipc_directory
 from vllm_inline.server.responses.records import (
     CANCELLABLE,
     DEFAULT_MAX_BYTES,
@@ -22,24 +31,72 @@ from vllm_inline.server.responses.records import (
     encoded,
 )
 
-__all__ = ["SQLiteResponseStore"]
+__all__ = ["SQLiteResponseStore", "failed_as_orphan", "runner_gone", "this_runner"]
 
 
-_SCHEMA_VERSION = 1
-"""``PRAGMA user_version`` of the file this code writes."""
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS responses (
-    id TEXT PRIMARY KEY,
-    stored_at REAL NOT NULL,
-    expires_at REAL NOT NULL,
-    bytes INTEGER NOT NULL,
-    status TEXT NOT NULL,
-    response TEXT NOT NULL,
-    messages TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS responses_by_age ON responses (stored_at);
-CREATE INDEX IF NOT EXISTS responses_by_expiry ON responses (expires_at);
-"""
+_SCHEMA_VERSION = 2
+"""``PRAGMA user_version`` of the file this code writes (1: before the ``runner`` column, which
+opening adds)."""
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS responses (
+        id TEXT PRIMARY KEY,
+        stored_at REAL NOT NULL,
+        expires_at REAL NOT NULL,
+        bytes INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        response TEXT NOT NULL,
+        messages TEXT NOT NULL,
+        runner TEXT
+    )""",
+    "CREATE INDEX IF NOT EXISTS responses_by_age ON responses (stored_at)",
+    "CREATE INDEX IF NOT EXISTS responses_by_expiry ON responses (expires_at)",
+)
+_ROW = "SELECT response, messages, status, runner FROM responses WHERE id = ? AND expires_at > ?"
+
+
+def this_runner() -> str:
+    """``<pid>-<start>``: the process that stores a queued or in-progress response runs it (a
+    background response runs in the worker that took the request)."""
+    pid = os.getpid()
+    return f"{pid}-{ipc_directory.process_start(pid) or 0}"
+
+
+def runner_gone(runner: str | None) -> bool:
+    """Whether the process ``runner`` names has ended (so its response never will)."""
+    if not runner:
+        return False
+    pid, _, start = runner.partition("-")
+    try:
+        return not ipc_directory.owner_alive(int(pid), int(start or 0))
+    except ValueError:
+        return False
+
+
+def failed_as_orphan(response: dict[str, Any], runner: str) -> dict[str, Any]:
+    """``response`` failed: the process running it (``runner``) ended before it did."""
+    message = (
+        f"The server process that ran this background response (pid "
+        f"{runner.partition('-')[0]}) stopped before it finished; send the request again."
+    )
+    return {**response, "status": "failed", "error": {"code": "server_error", "message": message}}
+
+
+def _prepare(db: sqlite3.Connection, path: pathlib.Path) -> None:
+    """The table of :data:`_SCHEMA_VERSION` in ``path`` (``db``, in a transaction): created, or
+    an older file brought up to it; a file of an unknown version refused."""
+    (version,) = db.execute("PRAGMA user_version").fetchone()
+    if version not in (0, 1, _SCHEMA_VERSION):
+        msg = (
+            f"{path} holds responses of another vllm-inline version (schema "
+            f"{version}, this one reads 1 and {_SCHEMA_VERSION}): move it away or "
+            "name another file."
+        )
+        raise ValueError(msg)
+    for statement in _SCHEMA:
+        db.execute(statement)
+    if "runner" not in {row[1] for row in db.execute("PRAGMA table_info(responses)")}:
+        db.execute("ALTER TABLE responses ADD COLUMN runner TEXT")
+    db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
 
 
 class SQLiteResponseStore:
@@ -79,17 +136,13 @@ class SQLiteResponseStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA busy_timeout=30000")
-            self._db.executescript(_SCHEMA)
-            (version,) = self._db.execute("PRAGMA user_version").fetchone()
-            if version not in (0, _SCHEMA_VERSION):
+            try:
+                with self._transaction() as db:  # two workers may open a new or older file at once
+                    _prepare(db, self.path)
+            except BaseException:
                 self._db.close()
-                msg = (
-                    f"{self.path} holds responses of another vllm-inline version (schema "
-                    f"{version}, this one reads {_SCHEMA_VERSION}): move it away or name "
-                    "another file."
-                )
-                raise ValueError(msg)
-            self._db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+                raise
+        self._runner = this_runner()
 
     def put(self, stored: StoredResponse, *, keep_cancelled: bool = False) -> bool:
         response, messages = encoded(stored)
@@ -98,13 +151,20 @@ class SQLiteResponseStore:
         with self._lock, self._transaction() as db:
             # One transaction per response: the expired ones out, this one in, the oldest out
             # while over the limit.
-            if keep_cancelled and self._status(db, stored.response["id"], now) == "cancelled":
+            if (
+                keep_cancelled
+                and db.execute(
+                    "SELECT 1 FROM responses WHERE id = ? AND expires_at > ? AND status = 'cancelled'",
+                    (stored.response["id"], now),
+                ).fetchone()
+            ):
                 return False
             db.execute("DELETE FROM responses WHERE expires_at <= ?", (now,))
+            status = stored.response["status"]
             db.execute(
-                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (stored.response["id"], now, now + self.ttl_seconds, size,
-                 stored.response["status"], response, messages),
+                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (stored.response["id"], now, now + self.ttl_seconds, size, status, response,
+                 messages, self._runner if status in CANCELLABLE else None),
             )  # fmt: skip
             self._evict(db)
         return True
@@ -121,34 +181,58 @@ class SQLiteResponseStore:
             raise
         self._db.execute("COMMIT")
 
-    def _status(self, db: sqlite3.Connection, response_id: str, now: float) -> str | None:
-        row = db.execute(
-            "SELECT status FROM responses WHERE id = ? AND expires_at > ?", (response_id, now)
-        ).fetchone()
-        return None if row is None else str(row[0])
+    def _orphan(self, status: str, runner: str | None) -> bool:
+        """A queued or in-progress response whose runner (another process) has ended: killed,
+        it could not mark its responses; the first read after that does."""
+        return status in CANCELLABLE and runner != self._runner and runner_gone(runner)
 
-    def status(self, response_id: str) -> str | None:
-        """The stored response's ``status`` (``None``: not stored): a cheap poll."""
-        with self._lock:
-            return self._status(self._db, response_id, self._clock())
-
-    def cancel(self, response_id: str) -> StoredResponse | None:
-        now = self._clock()
-        with self._lock, self._transaction() as db:
-            row = db.execute(
-                "SELECT response, messages FROM responses WHERE id = ? AND expires_at > ?",
-                (response_id, now),
-            ).fetchone()
+    def _settle(self, response_id: str) -> StoredResponse | None:
+        """Read the response in a write transaction, an orphan marked failed (:meth:`_orphan`)."""
+        with self._transaction() as db:
+            row = db.execute(_ROW, (response_id, self._clock())).fetchone()
             if row is None:
                 return None
             stored = StoredResponse(json.loads(row[0]), json.loads(row[1]))
-            if stored.response["status"] not in CANCELLABLE:
+            if self._orphan(row[2], row[3]):
+                stored = StoredResponse(failed_as_orphan(stored.response, row[3]), stored.messages)
+                db.execute(
+                    "UPDATE responses SET status = 'failed', runner = NULL, response = ? "
+                    "WHERE id = ?",
+                    (json.dumps(stored.response), response_id),
+                )
+        return stored
+
+    def status(self, response_id: str) -> str | None:
+        """The stored response's ``status`` (``None``: not stored): a cheap poll (one indexed
+        ``SELECT``; a write only to mark an orphan failed)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT status, runner FROM responses WHERE id = ? AND expires_at > ?",
+                (response_id, self._clock()),
+            ).fetchone()
+            if row is None or not self._orphan(row[0], row[1]):
+                return None if row is None else str(row[0])
+            settled = self._settle(response_id)
+        return None if settled is None else str(settled.response["status"])
+
+    def cancel(self, response_id: str) -> StoredResponse | None:
+        with self._lock:
+            stored = self._settle(response_id)  # an orphan is failed, no longer cancellable
+            if stored is None or stored.response["status"] not in CANCELLABLE:
                 return stored
-            stored.response["status"] = "cancelled"
-            db.execute(
-                "UPDATE responses SET status = 'cancelled', response = ? WHERE id = ?",
-                (json.dumps(stored.response), response_id),
-            )
+            with self._transaction() as db:
+                row = db.execute(_ROW, (response_id, self._clock())).fetchone()
+                if row is None:
+                    return None
+                stored = StoredResponse(json.loads(row[0]), json.loads(row[1]))
+                if stored.response["status"] not in CANCELLABLE:
+                    return stored  # it ended between the two transactions
+                stored.response["status"] = "cancelled"
+                db.execute(
+                    "UPDATE responses SET status = 'cancelled', runner = NULL, response = ? "
+                    "WHERE id = ?",
+                    (json.dumps(stored.response), response_id),
+                )
         return stored
 
     def _evict(self, db: sqlite3.Connection) -> None:
@@ -167,10 +251,9 @@ class SQLiteResponseStore:
 
     def get(self, response_id: str) -> StoredResponse | None:
         with self._lock:
-            row = self._db.execute(
-                "SELECT response, messages FROM responses WHERE id = ? AND expires_at > ?",
-                (response_id, self._clock()),
-            ).fetchone()
+            row = self._db.execute(_ROW, (response_id, self._clock())).fetchone()
+            if row is not None and self._orphan(row[2], row[3]):
+                return self._settle(response_id)
         if row is None:
             return None
         return StoredResponse(json.loads(row[0]), json.loads(row[1]))
