@@ -51,6 +51,7 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS responses_by_age ON responses (stored_at)",
     "CREATE INDEX IF NOT EXISTS responses_by_expiry ON responses (expires_at)",
 )
+_CANCELLED = "SELECT 1 FROM responses WHERE id = ? AND expires_at > ? AND status = 'cancelled'"
 _ROW = "SELECT response, messages, status, runner FROM responses WHERE id = ? AND expires_at > ?"
 
 
@@ -151,13 +152,7 @@ class SQLiteResponseStore:
         with self._lock, self._transaction() as db:
             # One transaction per response: the expired ones out, this one in, the oldest out
             # while over the limit.
-            if (
-                keep_cancelled
-                and db.execute(
-                    "SELECT 1 FROM responses WHERE id = ? AND expires_at > ? AND status = 'cancelled'",
-                    (stored.response["id"], now),
-                ).fetchone()
-            ):
+            if keep_cancelled and db.execute(_CANCELLED, (stored.response["id"], now)).fetchone():
                 return False
             db.execute("DELETE FROM responses WHERE expires_at <= ?", (now,))
             status = stored.response["status"]
@@ -186,21 +181,24 @@ class SQLiteResponseStore:
         it could not mark its responses; the first read after that does."""
         return status in CANCELLABLE and runner != self._runner and runner_gone(runner)
 
-    def _settle(self, response_id: str) -> StoredResponse | None:
-        """Read the response in a write transaction, an orphan marked failed (:meth:`_orphan`)."""
-        with self._transaction() as db:
-            row = db.execute(_ROW, (response_id, self._clock())).fetchone()
-            if row is None:
-                return None
-            stored = StoredResponse(json.loads(row[0]), json.loads(row[1]))
-            if self._orphan(row[2], row[3]):
-                stored = StoredResponse(failed_as_orphan(stored.response, row[3]), stored.messages)
-                db.execute(
-                    "UPDATE responses SET status = 'failed', runner = NULL, response = ? "
-                    "WHERE id = ?",
-                    (json.dumps(stored.response), response_id),
-                )
+    def _read(self, db: sqlite3.Connection, response_id: str) -> StoredResponse | None:
+        """The response, read in ``db``'s write transaction; an orphan (:meth:`_orphan`)
+        marked failed there."""
+        row = db.execute(_ROW, (response_id, self._clock())).fetchone()
+        if row is None:
+            return None
+        stored = StoredResponse(json.loads(row[0]), json.loads(row[1]))
+        if self._orphan(row[2], row[3]):
+            stored = StoredResponse(failed_as_orphan(stored.response, row[3]), stored.messages)
+            db.execute(
+                "UPDATE responses SET status = 'failed', runner = NULL, response = ? WHERE id = ?",
+                (json.dumps(stored.response), response_id),
+            )
         return stored
+
+    def _settle(self, response_id: str) -> StoredResponse | None:
+        with self._transaction() as db:
+            return self._read(db, response_id)
 
     def status(self, response_id: str) -> str | None:
         """The stored response's ``status`` (``None``: not stored): a cheap poll (one indexed
@@ -216,23 +214,16 @@ class SQLiteResponseStore:
         return None if settled is None else str(settled.response["status"])
 
     def cancel(self, response_id: str) -> StoredResponse | None:
-        with self._lock:
-            stored = self._settle(response_id)  # an orphan is failed, no longer cancellable
+        with self._lock, self._transaction() as db:
+            stored = self._read(db, response_id)  # an orphan is failed: no longer cancellable
             if stored is None or stored.response["status"] not in CANCELLABLE:
                 return stored
-            with self._transaction() as db:
-                row = db.execute(_ROW, (response_id, self._clock())).fetchone()
-                if row is None:
-                    return None
-                stored = StoredResponse(json.loads(row[0]), json.loads(row[1]))
-                if stored.response["status"] not in CANCELLABLE:
-                    return stored  # it ended between the two transactions
-                stored.response["status"] = "cancelled"
-                db.execute(
-                    "UPDATE responses SET status = 'cancelled', runner = NULL, response = ? "
-                    "WHERE id = ?",
-                    (json.dumps(stored.response), response_id),
-                )
+            stored.response["status"] = "cancelled"
+            db.execute(
+                "UPDATE responses SET status = 'cancelled', runner = NULL, response = ? "
+                "WHERE id = ?",
+                (json.dumps(stored.response), response_id),
+            )
         return stored
 
     def _evict(self, db: sqlite3.Connection) -> None:
