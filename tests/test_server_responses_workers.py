@@ -4,7 +4,8 @@ process of its own (``make test-server``): LlamaIndex's ``OpenAIResponses`` with
 other worker (every request on a new connection), a response stored by one worker is read by
 the other, a background response is cancelled through the worker that does not run it, and
 after the launcher is stopped and started again on the same store file the responses are still
-there. Every process is followed by pid and cleaned up.
+there; a background response whose worker is then killed is failed in the store, not left
+queued. Every process is followed by pid and cleaned up.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import httpx
 import pytest
 from processes import clean_up, describe, free_port, process_tree, shm_entries, wait_gone
 
+from vllm_inline.engine.life.group import WORKER_VARIABLE
 from vllm_inline.testing import CPU_TEST_ENGINE_KWARGS, scripted_model
 from vllm_inline.workers import WORKER_HEADER
 
@@ -33,10 +35,23 @@ class Launched:
     def __init__(self, child: subprocess.Popen[bytes], url: str, log: Path) -> None:
         self.child, self.url, self.log = child, url, log
         self.tree: dict[int, Any] = {}
+        self.victim: Any = None
+        """A worker process the test kills at the end instead of SIGTERM to the launcher."""
 
     def look(self) -> None:
         with contextlib.suppress(Exception):
             self.tree.update({p.pid: p for p in process_tree(self.child.pid)})
+
+    def worker(self, index: str) -> Any:
+        """The worker process that answers with ``index`` in its worker header."""
+        self.look()
+        for process in self.tree.values():
+            with contextlib.suppress(Exception):
+                if process.environ().get(WORKER_VARIABLE) == index and any(
+                    "worker_main" in part for part in process.cmdline()
+                ):
+                    return process
+        raise AssertionError(f"no worker {index} among {describe(self.tree.values())}")
 
 
 @contextlib.contextmanager
@@ -68,8 +83,12 @@ def launched(tmp_path: Path, model: str, store: Path) -> Iterator[Launched]:
             time.sleep(0.5)
         run.look()
         yield run
-        child.send_signal(signal.SIGTERM)
-        assert child.wait(timeout=90) == 0, log.read_text()[-3000:]
+        if run.victim is None:
+            child.send_signal(signal.SIGTERM)
+            assert child.wait(timeout=90) == 0, log.read_text()[-3000:]
+        else:  # one worker killed: the group stops, status 1
+            run.victim.kill()
+            assert child.wait(timeout=90) == 1, log.read_text()[-3000:]
         left, shm_left, _ = wait_gone(list(run.tree.values()), shm_entries() - before, 30)
         assert not left and not shm_left, (describe(left), shm_left)
     finally:
@@ -149,3 +168,21 @@ def test_llama_index_conversations_across_workers_and_a_restart(
         more = httpx.post(f"{run.url}/v1/responses", json=body, timeout=60)
         assert more.status_code == 200, more.text
         assert more.json()["output"][0]["content"][0]["text"] == chat.scenario.answer
+
+        # A background response whose worker is killed while it runs: the group stops, and
+        # the store (as the next group reads it) says it failed, naming that worker.
+        started = httpx.post(f"{run.url}/v1/responses", json={**long, "max_output_tokens": 480},
+                             timeout=60)  # fmt: skip
+        assert started.status_code == 200, started.text
+        run.victim = run.worker(started.headers[WORKER_HEADER])
+        running = httpx.get(f"{run.url}/v1/responses/{started.json()['id']}", timeout=30)
+        assert running.json()["status"] in ("queued", "in_progress"), running.json()["status"]
+
+    from vllm_inline.server.responses import SQLiteResponseStore
+
+    after = SQLiteResponseStore(store)
+    failed = after.get(started.json()["id"])
+    after.close()
+    assert failed is not None and failed.response["status"] == "failed"
+    assert failed.response["error"]["code"] == "server_error"
+    assert f"pid {run.victim.pid}" in failed.response["error"]["message"]

@@ -23,6 +23,7 @@ __all__ = [
     "responses_store_of",
     "seconds",
     "serve",
+    "whole_count",
     "worker_count",
 ]
 
@@ -113,30 +114,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def worker_count(text: str) -> int:
-    """``--workers``: a whole number, 1 or more."""
+def whole_count(text: str, what: str) -> int:
+    """``text`` as a whole number of ``what``, 1 or more, or argparse's error saying so."""
     try:
         value = int(text)
     except ValueError:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(
-            f"must be a whole number of worker processes, 1 or more; got {text!r}"
+            f"must be a whole number of {what}, 1 or more; got {text!r}"
         )
     return value
+
+
+def worker_count(text: str) -> int:
+    """``--workers``: a whole number, 1 or more."""
+    return whole_count(text, "worker processes")
 
 
 def byte_count(text: str) -> int:
     """``--responses-store-max-bytes``: a whole number of bytes, 1 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(
-            f"must be a whole number of bytes, 1 or more; got {text!r}"
-        )
-    return value
+    return whole_count(text, "bytes")
 
 
 def seconds(text: str) -> float:
