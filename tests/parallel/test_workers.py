@@ -502,3 +502,7 @@ def test_images_from_both_workers(scripted_root: Path, tmp_path: Path) -> None:
                 answers.setdefault(color, set()).add(answer["choices"][0]["message"]["content"])
         assert all(len(texts) == 1 for texts in answers.values()), answers
         assert answers["red"] != answers["blue"], answers
+        # Stopped as a group stops (the clean-up's SIGKILL would leave its owner directory to
+        # the next start's sweep).
+        run.child.send_signal(signal.SIGTERM)
+        assert run.child.wait(timeout=90) == 0, run.text()
