@@ -28,6 +28,7 @@ from vllm_inline.server.responses import (
     StoredResponse,
     open_store,
 )
+from vllm_inline.server.responses.records import StoredEvent, stored_event
 from vllm_inline.server.responses.store import default_store_path
 
 
@@ -275,10 +276,58 @@ def test_a_file_of_the_previous_schema_is_brought_up_to_date(tmp_path: Path) -> 
     got = store.get("resp_1")  # no runner recorded: left as it is
     assert got is not None and got.response["status"] == "queued"
     assert store.put(stored("resp_2")) and store.get("resp_2") == stored("resp_2")
+    assert store.events("resp_1", -1) is None  # the events table is there, and empty
+    store.add_events("resp_1", events_of("resp_1", range(2)))
+    assert store.events("resp_1", 0) == events_of("resp_1", [1])
     store.close()
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone() == (2,)
+    assert db.execute("PRAGMA user_version").fetchone() == (3,)
     db.close()
+
+
+def events_of(response_id: str, numbers: Any) -> list[StoredEvent]:
+    return [
+        stored_event({"type": "response.output_text.delta", "sequence_number": n,
+                      "delta": f"{response_id}:{n} " * 10})
+        for n in numbers
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+def test_a_background_streams_events_are_kept_counted_and_go_with_it(
+    tmp_path: Path, kind: str
+) -> None:
+    clock = Clock()
+    limits: dict[str, Any] = {"max_bytes": 4000, "ttl_seconds": 60, "clock": clock}
+    store: Any = (
+        SQLiteResponseStore(tmp_path / "store.sqlite3", **limits)
+        if kind == "sqlite"
+        else MemoryResponseStore(**limits)
+    )
+    queued = stored("resp_1", status="queued")
+    store.put(queued, events=events_of("resp_1", range(2)))
+    store.add_events("resp_1", events_of("resp_1", range(2, 5)))
+    assert store.events("resp_1", -1) == events_of("resp_1", range(5))
+    assert store.events("resp_1", 2) == events_of("resp_1", [3, 4])
+    assert store.events("resp_1", 4) == []  # streamed, nothing new yet
+    assert store.events("resp_2", -1) is None  # never streamed
+    # The last write replaces the response; its events stay, and count in its size.
+    store.put(stored("resp_1"), events=events_of("resp_1", [5]))
+    assert store.events("resp_1", 4) == events_of("resp_1", [5])
+    size = len(json.dumps(stored("resp_1").response)) + len(json.dumps(stored("resp_1").messages))
+    with_events = size + sum(len(e.data) for e in events_of("resp_1", range(6)))
+    assert store.total_bytes() == with_events
+    store.add_events("resp_gone", events_of("resp_gone", [0]))  # no response: nothing kept
+    assert store.events("resp_gone", -1) is None
+    # Evicted past the size limit, with its events.
+    store.put(stored("resp_2", text="x" * ((4000 - with_events) // 2)))  # both together: over
+    assert store.get("resp_1") is None and store.events("resp_1", -1) is None
+    # Expired, with its events.
+    store.put(stored("resp_3", status="queued"), events=events_of("resp_3", [0]))
+    clock.now += 61
+    store.put(stored("resp_4"))
+    assert store.get("resp_3") is None and store.events("resp_3", -1) is None
+    store.close()
 
 
 def test_serve_refuses_a_memory_store_for_several_workers(

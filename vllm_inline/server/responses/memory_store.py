@@ -5,16 +5,18 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from vllm_inline.server.responses.records import (
     CANCELLABLE,
     DEFAULT_MAX_BYTES,
     DEFAULT_TTL_SECONDS,
+    StoredEvent,
     StoredResponse,
     check_limits,
     checked_size,
     encoded,
+    events_size,
 )
 
 __all__ = ["MemoryResponseStore"]
@@ -39,25 +41,58 @@ class MemoryResponseStore:
         self._clock = clock
         self._lock = threading.Lock()
         self._items: dict[str, tuple[float, int, str, str]] = {}  # insertion order: oldest first
+        self._events: dict[str, list[StoredEvent]] = {}
 
-    def put(self, stored: StoredResponse, *, keep_cancelled: bool = False) -> bool:
+    def put(
+        self,
+        stored: StoredResponse,
+        *,
+        keep_cancelled: bool = False,
+        events: Sequence[StoredEvent] = (),
+    ) -> bool:
         response, messages = encoded(stored)
         size = checked_size(response, messages, self.max_bytes)
         now = self._clock()
         rid = stored.response["id"]
         with self._lock:
             for key in [k for k, v in self._items.items() if v[0] <= now]:
-                del self._items[key]
+                self._drop(key)
             was = self._items.get(rid)
             if keep_cancelled and was and json.loads(was[2])["status"] == "cancelled":
                 return False
             self._items.pop(rid, None)
+            kept = self._events.setdefault(rid, [])
+            kept.extend(events)
+            if not kept:
+                del self._events[rid]
+            size += events_size(kept)
             self._items[rid] = (now + self.ttl_seconds, size, response, messages)
-            total = sum(v[1] for v in self._items.values())
-            while total > self.max_bytes:
-                oldest = next(iter(self._items))
-                total -= self._items.pop(oldest)[1]
+            self._evict()
         return True
+
+    def _drop(self, response_id: str) -> int:
+        """Delete a response and its events; its size."""
+        self._events.pop(response_id, None)
+        return self._items.pop(response_id)[1]
+
+    def _evict(self) -> None:
+        total = sum(v[1] for v in self._items.values())
+        while total > self.max_bytes:
+            total -= self._drop(next(iter(self._items)))
+
+    def add_events(self, response_id: str, events: Sequence[StoredEvent]) -> None:
+        with self._lock:
+            item = self._items.get(response_id)
+            if item is None:  # gone meanwhile: its events would stay
+                return
+            self._events.setdefault(response_id, []).extend(events)
+            self._items[response_id] = (item[0], item[1] + events_size(events), *item[2:])
+            self._evict()
+
+    def events(self, response_id: str, after: int) -> list[StoredEvent] | None:
+        with self._lock:
+            kept = self._events.get(response_id)
+            return None if kept is None else [e for e in kept if e.sequence_number > after]
 
     def status(self, response_id: str) -> str | None:
         """The stored response's ``status`` (``None``: not stored)."""
@@ -72,7 +107,7 @@ class MemoryResponseStore:
             stored = StoredResponse(json.loads(item[2]), json.loads(item[3]))
             if stored.response["status"] in CANCELLABLE:
                 stored.response["status"] = "cancelled"
-                self._items[response_id] = (item[0], item[1], json.dumps(stored.response), item[3])
+                self._items[response_id] = (*item[:2], json.dumps(stored.response), item[3])
         return stored
 
     def get(self, response_id: str) -> StoredResponse | None:
@@ -90,3 +125,4 @@ class MemoryResponseStore:
     def close(self) -> None:
         with self._lock:
             self._items.clear()
+            self._events.clear()

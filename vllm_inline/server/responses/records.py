@@ -4,6 +4,7 @@ limits (:mod:`.store` opens one; :mod:`.sqlite_store` and :mod:`.memory_store` a
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -12,10 +13,13 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_TTL_SECONDS",
     "ResponseStore",
+    "StoredEvent",
     "StoredResponse",
     "check_limits",
     "checked_size",
     "encoded",
+    "events_size",
+    "stored_event",
 ]
 
 DEFAULT_MAX_BYTES = 256 << 20
@@ -40,13 +44,49 @@ class StoredResponse:
     ``previous_response_id`` starts."""
 
 
+@dataclass(frozen=True)
+class StoredEvent:
+    """One stream event of a background response streamed (``background`` and ``stream``),
+    kept so that ``GET /v1/responses/{id}?stream=true`` replays it on any worker."""
+
+    sequence_number: int
+    """The event's ``sequence_number`` (from 0, in order)."""
+    type: str
+    """The event's ``type`` (the SSE ``event:`` line)."""
+    data: str
+    """The event, as JSON."""
+
+
+def stored_event(event: dict[str, Any]) -> StoredEvent:
+    """``event`` (numbered) as the store keeps it."""
+    return StoredEvent(event["sequence_number"], event["type"], json.dumps(event))
+
+
+def events_size(events: Sequence[StoredEvent]) -> int:
+    return sum(len(e.data.encode()) for e in events)
+
+
 @runtime_checkable
 class ResponseStore(Protocol):
     """Where responses are kept (all methods blocking: the route calls them in a thread)."""
 
-    def put(self, stored: StoredResponse, *, keep_cancelled: bool = False) -> bool:
-        """Keep ``stored`` under its response's ``id``, replacing one with that id, unless
-        ``keep_cancelled`` and that one was cancelled (then ``False``, nothing written)."""
+    def put(
+        self,
+        stored: StoredResponse,
+        *,
+        keep_cancelled: bool = False,
+        events: Sequence[StoredEvent] = (),
+    ) -> bool:
+        """Keep ``stored`` under its response's ``id``, replacing one with that id (its events
+        stay), unless ``keep_cancelled`` and that one was cancelled (then ``False``, nothing
+        written); ``events`` are added to the response's in the same write."""
+
+    def add_events(self, response_id: str, events: Sequence[StoredEvent]) -> None:
+        """Add ``events`` to the stored response's (they count in its size, and go with it)."""
+
+    def events(self, response_id: str, after: int) -> list[StoredEvent] | None:
+        """The response's events numbered after ``after``, in order; ``None``: it has none
+        (not stored, or not streamed in the background)."""
 
     def get(self, response_id: str) -> StoredResponse | None:
         """The stored response, or ``None`` (never stored, expired or evicted)."""

@@ -5,8 +5,9 @@ Each response still ``queued`` or ``in_progress`` names the process that runs it
 (``<pid>-<start>``, the process that stored it: a background response runs in the worker that
 took the request). A worker killed meanwhile cannot mark its responses; the first read that
 finds one whose process has ended marks it ``failed``, in one transaction, so every worker (and
-a restarted group) then reads the same. Processes of one machine: the file is WAL, which needs
-shared memory."""
+a restarted group) then reads the same. The events of a response streamed in the background
+are rows of their own, counted in its size and deleted with it. Processes of one machine: the
+file is WAL, which needs shared memory."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pathlib
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from vllm_inline.engine.seam import ipc_directory
@@ -25,18 +26,20 @@ from vllm_inline.server.responses.records import (
     CANCELLABLE,
     DEFAULT_MAX_BYTES,
     DEFAULT_TTL_SECONDS,
+    StoredEvent,
     StoredResponse,
     check_limits,
     checked_size,
     encoded,
+    events_size,
 )
 
 __all__ = ["SQLiteResponseStore", "failed_as_orphan", "runner_gone", "this_runner"]
 
 
-_SCHEMA_VERSION = 2
-"""``PRAGMA user_version`` of the file this code writes (1: before the ``runner`` column, which
-opening adds)."""
+_SCHEMA_VERSION = 3
+"""``PRAGMA user_version`` of the file this code writes (1: before the ``runner`` column, 2:
+before the ``events`` table; opening adds them)."""
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS responses (
         id TEXT PRIMARY KEY,
@@ -50,6 +53,13 @@ _SCHEMA = (
     )""",
     "CREATE INDEX IF NOT EXISTS responses_by_age ON responses (stored_at)",
     "CREATE INDEX IF NOT EXISTS responses_by_expiry ON responses (expires_at)",
+    """CREATE TABLE IF NOT EXISTS events (
+        response_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        type TEXT NOT NULL,
+        data TEXT NOT NULL,
+        PRIMARY KEY (response_id, seq)
+    ) WITHOUT ROWID""",
 )
 _CANCELLED = "SELECT 1 FROM responses WHERE id = ? AND expires_at > ? AND status = 'cancelled'"
 _ROW = "SELECT response, messages, status, runner FROM responses WHERE id = ? AND expires_at > ?"
@@ -86,10 +96,10 @@ def _prepare(db: sqlite3.Connection, path: pathlib.Path) -> None:
     """The table of :data:`_SCHEMA_VERSION` in ``path`` (``db``, in a transaction): created, or
     an older file brought up to it; a file of an unknown version refused."""
     (version,) = db.execute("PRAGMA user_version").fetchone()
-    if version not in (0, 1, _SCHEMA_VERSION):
+    if version not in range(_SCHEMA_VERSION + 1):
         msg = (
             f"{path} holds responses of another vllm-inline version (schema "
-            f"{version}, this one reads 1 and {_SCHEMA_VERSION}): move it away or "
+            f"{version}, this one reads 1 to {_SCHEMA_VERSION}): move it away or "
             "name another file."
         )
         raise ValueError(msg)
@@ -145,24 +155,73 @@ class SQLiteResponseStore:
                 raise
         self._runner = this_runner()
 
-    def put(self, stored: StoredResponse, *, keep_cancelled: bool = False) -> bool:
+    def put(
+        self,
+        stored: StoredResponse,
+        *,
+        keep_cancelled: bool = False,
+        events: Sequence[StoredEvent] = (),
+    ) -> bool:
         response, messages = encoded(stored)
-        size = checked_size(response, messages, self.max_bytes)
+        size = checked_size(response, messages, self.max_bytes) + events_size(events)
         now = self._clock()
+        rid = stored.response["id"]
         with self._lock, self._transaction() as db:
             # One transaction per response: the expired ones out, this one in, the oldest out
             # while over the limit.
-            if keep_cancelled and db.execute(_CANCELLED, (stored.response["id"], now)).fetchone():
+            if keep_cancelled and db.execute(_CANCELLED, (rid, now)).fetchone():
                 return False
+            db.execute(
+                "DELETE FROM events WHERE response_id IN "
+                "(SELECT id FROM responses WHERE expires_at <= ?)",
+                (now,),
+            )
             db.execute("DELETE FROM responses WHERE expires_at <= ?", (now,))
+            (kept,) = db.execute(
+                "SELECT COALESCE(SUM(LENGTH(CAST(data AS BLOB))), 0) FROM events "
+                "WHERE response_id = ?",
+                (rid,),
+            ).fetchone()
             status = stored.response["status"]
             db.execute(
                 "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (stored.response["id"], now, now + self.ttl_seconds, size, status, response,
-                 messages, self._runner if status in CANCELLABLE else None),
+                (rid, now, now + self.ttl_seconds, size + kept, status, response, messages,
+                 self._runner if status in CANCELLABLE else None),
             )  # fmt: skip
+            self._insert(db, rid, events)
             self._evict(db)
         return True
+
+    def add_events(self, response_id: str, events: Sequence[StoredEvent]) -> None:
+        with self._lock, self._transaction() as db:
+            # Not for a response gone meanwhile (evicted, expired): its events would stay.
+            if db.execute("SELECT 1 FROM responses WHERE id = ?", (response_id,)).fetchone():
+                self._insert(db, response_id, events)
+                db.execute(
+                    "UPDATE responses SET bytes = bytes + ? WHERE id = ?",
+                    (events_size(events), response_id),
+                )
+                self._evict(db)
+
+    @staticmethod
+    def _insert(db: sqlite3.Connection, response_id: str, events: Sequence[StoredEvent]) -> None:
+        db.executemany(
+            "INSERT OR REPLACE INTO events VALUES (?, ?, ?, ?)",
+            [(response_id, e.sequence_number, e.type, e.data) for e in events],
+        )
+
+    def events(self, response_id: str, after: int) -> list[StoredEvent] | None:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, type, data FROM events WHERE response_id = ? AND seq > ? ORDER BY seq",
+                (response_id, after),
+            ).fetchall()
+            if not rows:
+                some = self._db.execute(
+                    "SELECT 1 FROM events WHERE response_id = ? LIMIT 1", (response_id,)
+                ).fetchone()
+                return [] if some else None
+        return [StoredEvent(int(seq), str(kind), str(data)) for seq, kind, data in rows]
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -238,6 +297,7 @@ class SQLiteResponseStore:
                 break
             doomed.append((response_id,))
             over -= size
+        db.executemany("DELETE FROM events WHERE response_id = ?", doomed)
         db.executemany("DELETE FROM responses WHERE id = ?", doomed)
 
     def get(self, response_id: str) -> StoredResponse | None:
