@@ -124,7 +124,6 @@ def test_body_fields_become_engine_arguments() -> None:
 @pytest.mark.parametrize(
     ("body", "name"),
     [
-        ({"background": True, "stream": True}, "background"),
         ({"background": True, "store": False}, "background"),
         ({"prompt": {"id": "p"}}, "prompt"),
         ({"conversation": "c"}, "conversation"),

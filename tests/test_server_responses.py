@@ -393,38 +393,3 @@ def test_get_and_cancel(app: App) -> None:
     assert cancel.status_code == 400  # a finished response: vllm serve's rule
     cancel_missing = httpx.post(f"{app.url}/v1/responses/resp_nope/cancel", timeout=30)
     assert cancel_missing.status_code == 404
-
-
-def wait_for(app: App, response_id: str, statuses: tuple[str, ...]) -> dict[str, Any]:
-    deadline = time.monotonic() + 60
-    while True:
-        got = httpx.get(f"{app.url}/v1/responses/{response_id}", timeout=30).json()
-        if got["status"] in statuses or time.monotonic() > deadline:
-            return got
-        time.sleep(0.05)
-
-
-def test_background_responses_and_cancel(app: App) -> None:
-    queued = app.client.responses.create(model="llama3", input="Hello", background=True)
-    assert queued.status == "queued" and queued.background and queued.output == []
-    done = wait_for(app, queued.id, ("completed",))
-    assert done["status"] == "completed" and done["background"] is True
-    assert done["output"][0]["content"][0]["text"] == "The answer is complete."
-    # A long one (the script's invented turns, to the end of the context), cancelled.
-    long = {"model": "llama3", "input": "Hello", "background": True, "ignore_eos": True,
-            "max_output_tokens": 400}  # fmt: skip
-    running = app.post(long).json()
-    cancelled = httpx.post(f"{app.url}/v1/responses/{running['id']}/cancel", timeout=30)
-    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
-    time.sleep(1.0)  # its end, had it run on, would have been written by now
-    assert wait_for(app, running["id"], ("cancelled",))["status"] == "cancelled"
-    again = httpx.post(f"{app.url}/v1/responses/{running['id']}/cancel", timeout=30)
-    assert again.status_code == 400
-    deadline = time.monotonic() + 10
-    while app.engines["llama3"].num_unfinished_requests() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert app.engines["llama3"].num_unfinished_requests() == 0  # aborted in vLLM
-    for body, why in (({"stream": True}, "stream"), ({"store": False}, "store")):
-        refused = app.post({"model": "llama3", "input": "Hi", "background": True, **body})
-        assert refused.status_code == 400 and refused.json()["error"]["param"] == "background"
-        assert why in refused.json()["error"]["message"]

@@ -2,8 +2,8 @@
 process of its own (``make test-server``): LlamaIndex's ``OpenAIResponses`` with
 ``track_previous_responses=True`` holds two-turn conversations whose second turn lands on the
 other worker (every request on a new connection), a response stored by one worker is read by
-the other, a background response is cancelled through the worker that does not run it, and
-after the launcher is stopped and started again on the same store file the responses are still
+the other, a background response is cancelled through the worker that does not run it, a
+background stream left by its client is resumed on the other worker, and after the launcher is stopped and started again on the same store file the responses are still
 there; a background response whose worker is then killed is failed in the store, not left
 queued. Every process is followed by pid and cleaned up.
 """
@@ -52,6 +52,17 @@ class Launched:
                 ):
                     return process
         raise AssertionError(f"no worker {index} among {describe(self.tree.values())}")
+
+
+def data_events(lines: Iterator[str], most: int | None = None) -> list[dict[str, Any]]:
+    """The SSE ``data:`` events of ``lines`` (all, or the first ``most``)."""
+    out: list[dict[str, Any]] = []
+    for line in lines:
+        if line.startswith("data: "):
+            out.append(json.loads(line.removeprefix("data: ")))
+            if len(out) == most:
+                break
+    return out
 
 
 @contextlib.contextmanager
@@ -159,6 +170,29 @@ def test_llama_index_conversations_across_workers_and_a_restart(
         got = http.get(f"{run.url}/v1/responses/{started.json()['id']}").json()
         assert got["status"] == "cancelled" and got["output"] == []
         http.close()
+
+        # A background stream left by its client after 4 events and resumed on the other
+        # worker (while it may still run there): every event once, in order, to the end.
+        body = {**long, "stream": True}
+        with httpx.stream("POST", f"{run.url}/v1/responses", json=body, timeout=60) as r:
+            origin = r.headers[WORKER_HEADER]
+            head = data_events(r.iter_lines(), most=4)
+        url = f"{run.url}/v1/responses/{head[0]['response']['id']}"
+        rest = None
+        for _ in range(20):
+            query = {"stream": "true", "starting_after": 3}
+            with httpx.stream("GET", url, params=query, timeout=60) as r:
+                if r.headers[WORKER_HEADER] != origin:
+                    rest = data_events(r.iter_lines())
+                    break
+        assert rest is not None, "every resumption landed on the worker that runs it"
+        events = head + rest
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert events[-1]["type"] == "response.incomplete"  # max_output_tokens reached
+        text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        final = events[-1]["response"]
+        assert text and text == final["output"][0]["content"][0]["text"]
+        assert httpx.get(url, timeout=30).json() == final
 
     assert store.exists()
     with launched(tmp_path, chat.path, store) as run:  # the launcher again, on the same file

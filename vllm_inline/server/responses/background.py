@@ -9,27 +9,39 @@ stream (which aborts the request in vLLM) and does not overwrite the cancelled r
 worker that stops cancels its background responses the same way. One killed meanwhile cannot:
 the SQLite store records the process that runs each response still queued or in progress, and
 the first read after that process is gone marks it ``failed`` (:mod:`.sqlite_store`).
+
+With ``stream`` too, the task keeps each event in the store as it comes, and the request's
+answer is the events read back from there (:meth:`BackgroundResponses.follow`), as is
+``GET /v1/responses/{id}?stream=true&starting_after=N`` on any worker: a client that lost the
+connection resumes after the last event it read. ``vllm serve`` keeps those events in the
+memory of the process that runs the response, so only that process can resume them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from contextlib import aclosing
 from typing import Any
 
 from vllm_inline.engine import Delta, VLLMInlineError
-from vllm_inline.server.responses.store import ResponseStore
+from vllm_inline.server.responses.events import LAST_EVENTS, sse_of, turn_events
+from vllm_inline.server.responses.records import StoredEvent, stored_event
+from vllm_inline.server.responses.store import CANCELLABLE, ResponseStore
 from vllm_inline.server.responses.turn import Turn
 
-__all__ = ["POLL_SECONDS", "BackgroundResponses"]
+__all__ = ["FOLLOW_SECONDS", "POLL_SECONDS", "BackgroundResponses"]
 
 logger = logging.getLogger("vllm_inline")
 
 POLL_SECONDS = 0.25
 """How often a running background response reads its status in the store (one indexed
 ``SELECT``): how late a cancel sent to another worker stops it."""
+FOLLOW_SECONDS = 0.05
+"""How often a reader of a background stream run by another worker reads its new events (the
+worker that runs it wakes its own readers at each event)."""
 
 
 class BackgroundResponses:
@@ -38,12 +50,82 @@ class BackgroundResponses:
     def __init__(self, store: Callable[[], ResponseStore]) -> None:
         self._store = store
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._news: dict[str, asyncio.Event] = {}  # set at each new event of a stream run here
 
     def start(self, turn: Turn, deltas: AsyncIterator[Delta]) -> None:
         """Run ``turn`` to its end in a task (its ``queued`` response is stored already)."""
-        task = asyncio.create_task(self._run(turn, deltas), name=f"response {turn.id}")
+        self._spawn(turn, self._whole(turn, deltas))
+
+    async def start_streamed(self, turn: Turn, deltas: AsyncIterator[Delta]) -> None:
+        """Store ``turn``'s ``queued`` response with its first events, then run it to its end
+        in a task that stores each further event (:meth:`follow` reads them)."""
+        events = turn_events(turn, None, deltas)
+        # The two first events need no delta: stored with the response, a reader finds the
+        # response streamed from the start.
+        first = [stored_event(await anext(events)) for _ in range(2)]
+        stored = turn.stored(turn.response("queued", streamed=False))
+        await asyncio.to_thread(lambda: self._store().put(stored, events=first))
+        self._news[turn.id] = asyncio.Event()
+        self._spawn(turn, self._streamed(turn, events))
+
+    def _spawn(self, turn: Turn, work: Coroutine[Any, Any, dict[str, Any] | None]) -> None:
+        task = asyncio.create_task(self._run(turn, work), name=f"response {turn.id}")
         self._tasks[turn.id] = task
-        task.add_done_callback(lambda _: self._tasks.pop(turn.id, None))
+
+        def done(_: object) -> None:
+            self._tasks.pop(turn.id, None)
+            self._wake(turn.id, last=True)
+
+        task.add_done_callback(done)
+
+    def _wake(self, response_id: str, last: bool = False) -> None:
+        """Wake this worker's readers of ``response_id``'s events."""
+        news = self._news.pop(response_id, None)
+        if news is not None:
+            news.set()
+            if not last:
+                self._news[response_id] = asyncio.Event()
+
+    async def follow(self, response_id: str, after: int) -> AsyncIterator[str]:
+        """The SSE frames of the stored events of ``response_id`` numbered after ``after``,
+        then each new one until the last; a response cancelled (or whose worker was killed)
+        ends its stream there, with ``response.failed`` for the latter."""
+        store = self._store
+
+        def read(after: int) -> list[StoredEvent] | None:
+            return store().events(response_id, after)
+
+        while True:
+            news = self._news.get(response_id)  # before the read: no event is missed
+            events = await asyncio.to_thread(read, after)
+            for event in events or ():
+                yield sse_of(event)
+                after = event.sequence_number
+                if event.type in LAST_EVENTS:
+                    return
+            if events:
+                continue
+            # Nothing new: still running? (A killed runner's response is marked failed here.)
+            stored = await asyncio.to_thread(lambda: store().get(response_id))
+            if stored is None or stored.response["status"] not in CANCELLABLE:
+                rest = await asyncio.to_thread(read, after)
+                for event in rest or ():
+                    yield sse_of(event)
+                    after = event.sequence_number
+                if (
+                    stored is not None
+                    and stored.response["status"] == "failed"
+                    and not any(e.type in LAST_EVENTS for e in rest or ())
+                ):
+                    failed = {"response": stored.response, "sequence_number": after + 1,
+                              "type": "response.failed"}  # fmt: skip
+                    yield sse_of(stored_event(failed))
+                return
+            if news is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(news.wait(), POLL_SECONDS)
+            else:
+                await asyncio.sleep(FOLLOW_SECONDS)
 
     def cancel(self, response_id: str) -> None:
         """Stop the response now if this worker runs it (the store says it is cancelled)."""
@@ -60,35 +142,72 @@ class BackgroundResponses:
             task.cancel()
         await asyncio.gather(*running.values(), return_exceptions=True)
 
-    async def _run(self, turn: Turn, deltas: AsyncIterator[Delta]) -> None:
+    @staticmethod
+    async def _whole(turn: Turn, deltas: AsyncIterator[Delta]) -> dict[str, Any] | None:
+        async with aclosing(deltas):  # type: ignore[type-var]
+            async for delta in deltas:
+                turn.fold.feed(delta)
+        turn.fold.close()
+        return turn.response(turn.status(), streamed=False)
+
+    async def _streamed(
+        self, turn: Turn, events: AsyncGenerator[dict[str, Any], None]
+    ) -> dict[str, Any] | None:
+        """Each event kept as it comes; the last one with the response, in one write."""
         store = self._store
 
-        async def generate() -> None:
-            async with aclosing(deltas):  # type: ignore[type-var]
-                async for delta in deltas:
-                    turn.fold.feed(delta)
-            turn.fold.close()
+        def add(events: list[StoredEvent]) -> None:
+            store().add_events(turn.id, events)
+
+        async with aclosing(events):
+            async for event in events:
+                kept = [stored_event(event)]
+                if event["type"] in LAST_EVENTS:
+                    await self._keep_last(turn, event["response"], kept)
+                else:
+                    await asyncio.to_thread(add, kept)
+                self._wake(turn.id)
+        return None
+
+    async def _keep_last(
+        self, turn: Turn, response: dict[str, Any], last: list[StoredEvent]
+    ) -> None:
+        """The response with its last event, in one write (a reader that finds it finished
+        has every event); not over a cancelled one."""
+        stored = turn.stored(response)
+        try:
+            await asyncio.to_thread(
+                lambda: self._store().put(stored, keep_cancelled=True, events=last)
+            )
+        except ValueError as e:  # larger than the whole store: its readers still get the end
+            logger.warning("Response %s not stored: %s", turn.id, e)
+            await asyncio.to_thread(lambda: self._store().add_events(turn.id, last))
+
+    async def _run(self, turn: Turn, work: Coroutine[Any, Any, dict[str, Any] | None]) -> None:
+        """``work`` (which returns the response to store, if it stores none itself) until it
+        ends or the response is cancelled in the store."""
+        store = self._store
 
         async def cancelled() -> None:
             while await asyncio.to_thread(lambda: store().status(turn.id)) != "cancelled":
                 await asyncio.sleep(POLL_SECONDS)
 
-        work = asyncio.ensure_future(generate())
+        running = asyncio.ensure_future(work)
         watch = asyncio.ensure_future(cancelled())
         try:
-            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({running, watch}, return_when=asyncio.FIRST_COMPLETED)
         finally:  # cancelled here, by a cancel on another worker or by the worker's end
-            for task in (work, watch):
+            for task in (running, watch):
                 task.cancel()
-            await asyncio.gather(work, watch, return_exceptions=True)
-            response: dict[str, Any] | None = _failed(turn, work)
-            if not work.cancelled() and work.exception() is None:
-                response = turn.response(turn.status(), streamed=False)
+            await asyncio.gather(running, watch, return_exceptions=True)
+            response: dict[str, Any] | None = _failed(turn, running)
+            if not running.cancelled() and running.exception() is None:
+                response = running.result()
             if response is not None:
                 await turn.keep(store, response, keep_cancelled=True)
 
 
-def _failed(turn: Turn, work: asyncio.Future[None]) -> dict[str, Any] | None:
+def _failed(turn: Turn, work: asyncio.Future[dict[str, Any] | None]) -> dict[str, Any] | None:
     """The ``failed`` response of an engine error; ``None`` when it was cancelled."""
     if work.cancelled():
         return None

@@ -8,7 +8,7 @@ sampling extras), with its meanings: ``max_output_tokens`` is ``max_tokens``; ``
 tools (``{"type": "function", "name": ...}``) become chat tools; ``reasoning.effort`` reaches the
 chat template as ``reasoning_effort`` and ``enable_thinking``; ``include`` with
 ``message.output_text.logprobs`` asks for ``top_logprobs`` alternatives. What this package
-cannot honour is refused with a 400 naming the field (``background`` with ``stream``,
+cannot honour is refused with a 400 naming the field (``background`` without ``store``,
 ``prompt``, ``conversation``, ``truncation: "auto"``, hosted tools). The route ignores a field
 neither request has (not in :data:`KNOWN_FIELDS`) with a log line, as ``vllm serve`` does, or
 refuses it on a strict server (``Limits.strict_fields``)."""
@@ -167,10 +167,6 @@ def _refuse_what_is_not_served(body: Mapping[str, Any]) -> None:
     if body.get("background") and body.get("store") is False:
         raise BadRequestError.invalid(
             "background", True, "background can only be used when `store` is true"
-        )
-    if body.get("background") and body.get("stream"):
-        raise BadRequestError.invalid(
-            "background", True, "not with stream on vllm-inline: poll GET /v1/responses/{id}"
         )
     for name, why in (
         ("prompt", "prompt templates are not supported (as in vllm serve)"),

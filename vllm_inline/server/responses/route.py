@@ -13,22 +13,22 @@ request, on any worker. A request that fails stores nothing.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from vllm_inline.engine import DEFAULTS, BadRequestError, Delta, VLLMInlineError
+from vllm_inline.engine import DEFAULTS, BadRequestError, Delta
 from vllm_inline.server.chat import read_body, until_disconnect
-from vllm_inline.server.errors import InvalidBodyError, error_response, status_of
+from vllm_inline.server.errors import InvalidBodyError, error_response
 from vllm_inline.server.limits import Limits
 from vllm_inline.server.models import ServedModels
 from vllm_inline.server.requests import check_request_id, check_unknown
 from vllm_inline.server.responses.background import BackgroundResponses
+from vllm_inline.server.responses.events import LAST_EVENTS, sse, turn_events
 from vllm_inline.server.responses.inputs import conversation
 from vllm_inline.server.responses.params import (
     KNOWN_FIELDS,
@@ -56,10 +56,6 @@ def _input_named(e: BadRequestError) -> BadRequestError:
     if isinstance(e.parameter, str) and e.parameter.startswith("messages"):
         e.parameter = "input" + e.parameter.removeprefix("messages")
     return e
-
-
-def _sse(event: Mapping[str, Any]) -> str:
-    return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
 
 
 def responses_router(
@@ -106,6 +102,10 @@ def responses_router(
         except BadRequestError as e:
             raise _input_named(e) from None
         turn = Turn(body, served, kwargs, echoed_fields(body, kwargs), history, new)
+        if body.get("background") and body.get("stream"):
+            await background.start_streamed(turn, deltas)
+            events = background.follow(turn.id, after=-1)
+            return StreamingResponse(events, media_type="text/event-stream")
         if body.get("background"):
             queued = turn.response("queued", streamed=False)
             await turn.keep(store, queued)
@@ -124,11 +124,24 @@ def responses_router(
         return StreamingResponse(events, media_type="text/event-stream")
 
     @router.get("/v1/responses/{response_id}")
-    async def retrieve(response_id: str) -> Response:
+    async def retrieve(response_id: str, request: Request) -> Response:
+        """The stored response; with ``stream=true``, the events of one streamed in the
+        background, after ``starting_after`` (a number; from the first without it)."""
+        stream, after = _stream_query(request)
         stored = await asyncio.to_thread(lambda: store().get(response_id))
         if stored is None:
             return _not_found(response_id, "response_id")
-        return JSONResponse(stored.response)
+        if not stream:
+            return JSONResponse(stored.response)
+        if await asyncio.to_thread(lambda: store().events(response_id, after)) is None:
+            message = (
+                f"Response '{response_id}' was not created with background and stream, so it "
+                "has no events to stream: GET it without stream."
+            )
+            return error_response(400, message, "stream", "invalid_request_error")
+        return StreamingResponse(
+            background.follow(response_id, after), media_type="text/event-stream"
+        )
 
     @router.post("/v1/responses/{response_id}/cancel")
     async def cancel(response_id: str) -> Response:
@@ -147,6 +160,20 @@ def responses_router(
         return error_response(400, message, "response_id", _NOT_FOUND)
 
     return router
+
+
+def _stream_query(request: Request) -> tuple[bool, int]:
+    """``stream`` and ``starting_after`` of a GET (``-1``: from the first event)."""
+    query = request.query_params
+    stream = query.get("stream", "false").lower()
+    if stream not in ("true", "false", "1", "0"):
+        raise InvalidBodyError("query.stream", "Input should be a valid boolean")
+    after = query.get("starting_after")
+    try:
+        number = -1 if after is None else int(after)
+    except ValueError:
+        raise InvalidBodyError("query.starting_after", "Input should be a valid integer") from None
+    return stream in ("true", "1"), number
 
 
 async def _whole(
@@ -173,38 +200,11 @@ async def _whole(
 async def _events(
     turn: Turn, first: Delta, deltas: AsyncIterator[Delta], store: Callable[[], ResponseStore]
 ) -> AsyncIterator[str]:
-    """The SSE events: ``response.created`` and ``response.in_progress``, each delta's, the last
-    item's ``done``, then ``response.completed`` (or ``.incomplete``), each with its
-    ``sequence_number``; an engine error ends the stream with ``response.failed``. Starlette
-    cancels this generator when the client leaves, which closes the engine stream."""
-    number = 0
-
-    def numbered(event: dict[str, Any]) -> str:
-        nonlocal number
-        event["sequence_number"] = number
-        number += 1
-        return _sse(event)
-
-    start = turn.response("in_progress")
-    yield numbered({"response": start, "sequence_number": 0, "type": "response.created"})
-    yield numbered({"response": start, "sequence_number": 0, "type": "response.in_progress"})
-    try:
-        for event in turn.fold.feed(first):
-            yield numbered(event)
-        async with aclosing(deltas):  # type: ignore[type-var]
-            async for delta in deltas:
-                for event in turn.fold.feed(delta):
-                    yield numbered(event)
-        for event in turn.fold.close():
-            yield numbered(event)
-    except Exception as e:  # noqa: BLE001 - headers are gone: the stream's last event says it
-        http = status_of(e) if isinstance(e, VLLMInlineError) else 500
-        code = "server_error" if http >= 500 else "invalid_request"
-        failed = turn.response("failed", error={"code": code, "message": str(e)})
-        yield numbered({"response": failed, "sequence_number": 0, "type": "response.failed"})
-        return
-    status = turn.status()
-    response = turn.response(status)
-    await turn.keep(store, response)
-    kind = "response.incomplete" if status == "incomplete" else "response.completed"
-    yield numbered({"response": response, "sequence_number": 0, "type": kind})
+    """The SSE frames of :func:`.events.turn_events`; the response is stored before its last
+    event goes out (a failed one is not). Starlette closes this generator when the client
+    leaves, which closes the engine stream."""
+    async with aclosing(turn_events(turn, first, deltas)) as events:
+        async for event in events:
+            if event["type"] in LAST_EVENTS and event["type"] != "response.failed":
+                await turn.keep(store, event["response"])
+            yield sse(event)

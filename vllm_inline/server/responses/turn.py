@@ -95,6 +95,10 @@ class Turn:
     def status(self) -> str:
         return "incomplete" if self.fold.finish_reason == "length" else "completed"
 
+    def stored(self, response: dict[str, Any]) -> StoredResponse:
+        """``response`` with its conversation, as the store keeps it."""
+        return StoredResponse(response, [*self.history, *output_messages(response["output"])])
+
     async def keep(
         self,
         store: Callable[[], ResponseStore],
@@ -105,7 +109,7 @@ class Turn:
         ``keep_cancelled``: not over a response cancelled meanwhile."""
         if not self.store:
             return
-        stored = StoredResponse(response, [*self.history, *output_messages(response["output"])])
+        stored = self.stored(response)
         try:
             await asyncio.to_thread(lambda: store().put(stored, keep_cancelled=keep_cancelled))
         except ValueError as e:  # larger than the whole store: answered, not kept
