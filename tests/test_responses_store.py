@@ -306,7 +306,7 @@ def test_a_background_streams_events_are_kept_counted_and_go_with_it(
     )
     queued = stored("resp_1", status="queued")
     store.put(queued, events=events_of("resp_1", range(2)))
-    store.add_events("resp_1", events_of("resp_1", range(2, 5)))
+    assert store.add_events("resp_1", events_of("resp_1", range(2, 5)))
     assert store.events("resp_1", -1) == events_of("resp_1", range(5))
     assert store.events("resp_1", 2) == events_of("resp_1", [3, 4])
     assert store.events("resp_1", 4) == []  # streamed, nothing new yet
@@ -317,11 +317,20 @@ def test_a_background_streams_events_are_kept_counted_and_go_with_it(
     size = len(json.dumps(stored("resp_1").response)) + len(json.dumps(stored("resp_1").messages))
     with_events = size + sum(len(e.data) for e in events_of("resp_1", range(6)))
     assert store.total_bytes() == with_events
-    store.add_events("resp_gone", events_of("resp_gone", [0]))  # no response: nothing kept
+    # Events only while it runs: not for a response finished, cancelled or gone.
+    assert not store.add_events("resp_1", events_of("resp_1", [6]))
+    assert not store.add_events("resp_gone", events_of("resp_gone", [0]))
     assert store.events("resp_gone", -1) is None
-    # Evicted past the size limit, with its events.
+    store.put(stored("resp_c", status="queued"), events=events_of("resp_c", [0]))
+    assert store.cancel("resp_c") is not None
+    assert not store.add_events("resp_c", events_of("resp_c", [1]))
+    assert store.events("resp_c", -1) == events_of("resp_c", [0])
+    # Evicted past the size limit, oldest first, with its events; one still running is not.
+    store.put(stored("resp_q", status="queued"))
     store.put(stored("resp_2", text="x" * ((4000 - with_events) // 2)))  # both together: over
     assert store.get("resp_1") is None and store.events("resp_1", -1) is None
+    assert store.status("resp_q") == "queued"
+    assert store.total_bytes() <= 4000
     # Expired, with its events.
     store.put(stored("resp_3", status="queued"), events=events_of("resp_3", [0]))
     clock.now += 61

@@ -2,16 +2,21 @@
 suite's shared scripted ``llama3`` engine: the ``queued`` answer, then the stored response;
 cancel; and with ``stream`` too, the request's events read back from the store, resumed with
 ``GET /v1/responses/{id}?stream=true&starting_after=N`` after a lost connection (by raw HTTP
-and by the openai SDK), ended for its readers by a cancel. Every answer is the engine's own
+and by the openai SDK), ended for its readers by a cancel, and by ``response.failed`` when the
+worker running it is killed. Every answer is the engine's own
 (the script's). Resuming on another worker: tests/test_server_responses_workers.py; the events'
 storage: tests/test_responses_store.py; the same requests against ``vllm serve``:
 tests/test_server_responses_parity.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,7 +26,7 @@ from serving import serving
 
 from vllm_inline.engine import Engine, start_engines
 from vllm_inline.server import OpenAIServer
-from vllm_inline.server.responses import SQLiteResponseStore
+from vllm_inline.server.responses import BackgroundResponses, SQLiteResponseStore
 
 pytestmark = pytest.mark.engine
 
@@ -193,3 +198,54 @@ def test_a_stream_of_what_was_not_streamed_in_the_background_is_refused(app: App
     assert bad.status_code == 400 and "starting_after" in bad.json()["error"]["param"]
     bad = app.get(foreground.id, stream="maybe")
     assert bad.status_code == 400 and "stream" in bad.json()["error"]["param"]
+
+
+STREAM_RUNNER = """
+import sys, time
+from vllm_inline.server.responses import SQLiteResponseStore, StoredResponse
+from vllm_inline.server.responses.records import stored_event
+store = SQLiteResponseStore(sys.argv[1])
+kinds = ("response.created", "response.in_progress", "response.output_text.delta")
+events = [stored_event({"type": k, "sequence_number": n}) for n, k in enumerate(kinds)]
+store.put(StoredResponse({"id": "resp_s", "status": "queued"}, []), events=events)
+print("stored", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_stream_whose_worker_is_killed_ends_with_response_failed(tmp_path: Path) -> None:
+    """A reader (on another worker) follows a background stream; its worker, a real process,
+    is SIGKILLed: the reader gets the stored events, then ``response.failed`` naming that
+    process, once (resumed after it: nothing more)."""
+    path = tmp_path / "store.sqlite3"
+    child = subprocess.Popen([sys.executable, "-c", STREAM_RUNNER, str(path)],
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    store = SQLiteResponseStore(path)
+    background = BackgroundResponses(lambda: store)
+
+    async def read(after: int) -> list[dict[str, Any]]:
+        frames = [frame async for frame in background.follow("resp_s", after)]
+        return [json.loads(f.split("data: ", 1)[1]) for f in frames]
+
+    async def killed_while_read() -> list[dict[str, Any]]:
+        reader = asyncio.create_task(read(-1))
+        await asyncio.sleep(0.5)
+        assert not reader.done()  # its worker runs: the reader waits for more
+        child.kill()
+        child.wait(timeout=30)
+        return await asyncio.wait_for(reader, 30)
+
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "stored"
+        events = asyncio.run(killed_while_read())
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    assert [e["type"] for e in events] == ["response.created", "response.in_progress",
+                                           "response.output_text.delta", "response.failed"]  # fmt: skip
+    assert [e["sequence_number"] for e in events] == [0, 1, 2, 3]
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and f"pid {child.pid}" in failed["error"]["message"]
+    assert asyncio.run(read(3)) == []
+    assert [e["type"] for e in asyncio.run(read(1))][-1] == "response.failed"
+    store.close()

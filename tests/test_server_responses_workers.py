@@ -3,9 +3,10 @@ process of its own (``make test-server``): LlamaIndex's ``OpenAIResponses`` with
 ``track_previous_responses=True`` holds two-turn conversations whose second turn lands on the
 other worker (every request on a new connection), a response stored by one worker is read by
 the other, a background response is cancelled through the worker that does not run it, a
-background stream left by its client is resumed on the other worker, and after the launcher is stopped and started again on the same store file the responses are still
-there; a background response whose worker is then killed is failed in the store, not left
-queued. Every process is followed by pid and cleaned up.
+background stream left by its client is resumed on the other worker, and after the launcher
+is stopped and started again on the same store file the responses are still there; a
+background response whose worker is then killed is failed in the store, not left queued.
+Every process is followed by pid and cleaned up.
 """
 
 from __future__ import annotations

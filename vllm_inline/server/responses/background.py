@@ -26,10 +26,11 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from contextlib import aclosing
 from typing import Any
 
-from vllm_inline.engine import Delta, VLLMInlineError
+from vllm_inline.engine import BadRequestError, Delta, VLLMInlineError
+from vllm_inline.server.errors import status_of
 from vllm_inline.server.responses.events import LAST_EVENTS, sse_of, turn_events
 from vllm_inline.server.responses.records import StoredEvent, stored_event
-from vllm_inline.server.responses.store import CANCELLABLE, ResponseStore
+from vllm_inline.server.responses.store import CANCELLABLE, ResponseStore, StoredResponse
 from vllm_inline.server.responses.turn import Turn
 
 __all__ = ["FOLLOW_SECONDS", "POLL_SECONDS", "BackgroundResponses"]
@@ -64,7 +65,11 @@ class BackgroundResponses:
         # response streamed from the start.
         first = [stored_event(await anext(events)) for _ in range(2)]
         stored = turn.stored(turn.response("queued", streamed=False))
-        await asyncio.to_thread(lambda: self._store().put(stored, events=first))
+        try:
+            await asyncio.to_thread(lambda: self._store().put(stored, events=first))
+        except ValueError as e:  # its conversation alone is more than the store may hold
+            await events.aclose()
+            raise BadRequestError.invalid("background", True, str(e)) from None
         self._news[turn.id] = asyncio.Event()
         self._spawn(turn, self._streamed(turn, events))
 
@@ -95,6 +100,9 @@ class BackgroundResponses:
         def read(after: int) -> list[StoredEvent] | None:
             return store().events(response_id, after)
 
+        def status() -> str | None:  # a killed runner's response is failed here, stream too
+            return store().status(response_id)
+
         while True:
             news = self._news.get(response_id)  # before the read: no event is missed
             events = await asyncio.to_thread(read, after)
@@ -105,24 +113,15 @@ class BackgroundResponses:
                     return
             if events:
                 continue
-            # Nothing new: still running? (A killed runner's response is marked failed here.)
-            stored = await asyncio.to_thread(lambda: store().get(response_id))
-            if stored is None or stored.response["status"] not in CANCELLABLE:
-                rest = await asyncio.to_thread(read, after)
-                for event in rest or ():
+            # Nothing new: still running?
+            if await asyncio.to_thread(status) not in CANCELLABLE:
+                # Ended (its last event is stored by now: with the response, or by the store
+                # when its worker was killed) or cancelled.
+                for event in await asyncio.to_thread(read, after) or ():
                     yield sse_of(event)
-                    after = event.sequence_number
-                if (
-                    stored is not None
-                    and stored.response["status"] == "failed"
-                    and not any(e.type in LAST_EVENTS for e in rest or ())
-                ):
-                    failed = {"response": stored.response, "sequence_number": after + 1,
-                              "type": "response.failed"}  # fmt: skip
-                    yield sse_of(stored_event(failed))
                 return
             if news is not None:
-                with contextlib.suppress(TimeoutError):
+                with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(news.wait(), POLL_SECONDS)
             else:
                 await asyncio.sleep(FOLLOW_SECONDS)
@@ -156,16 +155,16 @@ class BackgroundResponses:
         """Each event kept as it comes; the last one with the response, in one write."""
         store = self._store
 
-        def add(events: list[StoredEvent]) -> None:
-            store().add_events(turn.id, events)
+        def add(events: list[StoredEvent]) -> bool:
+            return store().add_events(turn.id, events)
 
         async with aclosing(events):
             async for event in events:
                 kept = [stored_event(event)]
                 if event["type"] in LAST_EVENTS:
                     await self._keep_last(turn, event["response"], kept)
-                else:
-                    await asyncio.to_thread(add, kept)
+                elif not await asyncio.to_thread(add, kept):
+                    break  # cancelled (or failed, or gone) in the store: closing aborts it
                 self._wake(turn.id)
         return None
 
@@ -179,9 +178,16 @@ class BackgroundResponses:
             await asyncio.to_thread(
                 lambda: self._store().put(stored, keep_cancelled=True, events=last)
             )
-        except ValueError as e:  # larger than the whole store: its readers still get the end
+        except ValueError as e:  # larger than the whole store: failed, and its readers told
             logger.warning("Response %s not stored: %s", turn.id, e)
-            await asyncio.to_thread(lambda: self._store().add_events(turn.id, last))
+            error = {"code": "server_error", "message": str(e)}
+            failed = {**response, "status": "failed", "output": [], "error": error}
+            event = {"response": failed, "sequence_number": last[0].sequence_number,
+                     "type": "response.failed"}  # fmt: skip
+            small = StoredResponse(failed, turn.history)
+            await asyncio.to_thread(
+                lambda: self._store().put(small, keep_cancelled=True, events=[stored_event(event)])
+            )
 
     async def _run(self, turn: Turn, work: Coroutine[Any, Any, dict[str, Any] | None]) -> None:
         """``work`` (which returns the response to store, if it stores none itself) until it
@@ -215,5 +221,6 @@ def _failed(turn: Turn, work: asyncio.Future[dict[str, Any] | None]) -> dict[str
     if error is None:
         return None
     logger.warning("Background response %s failed: %s", turn.id, error)
-    code = "invalid_request" if isinstance(error, VLLMInlineError) else "server_error"
+    http = status_of(error) if isinstance(error, VLLMInlineError) else 500
+    code = "server_error" if http >= 500 else "invalid_request"
     return turn.response("failed", error={"code": code, "message": str(error)}, streamed=False)

@@ -45,24 +45,24 @@ async def turn_events(
         return event
 
     start = turn.response("in_progress")
-    yield numbered({"response": start, "sequence_number": 0, "type": "response.created"})
-    yield numbered({"response": start, "sequence_number": 0, "type": "response.in_progress"})
-    try:
-        if first is not None:
-            for event in turn.fold.feed(first):
-                yield numbered(event)
-        async with aclosing(deltas):  # type: ignore[type-var]
+    async with aclosing(deltas):  # type: ignore[type-var]  # closed however this one ends
+        yield numbered({"response": start, "sequence_number": 0, "type": "response.created"})
+        yield numbered({"response": start, "sequence_number": 0, "type": "response.in_progress"})
+        try:
+            if first is not None:
+                for event in turn.fold.feed(first):
+                    yield numbered(event)
             async for delta in deltas:
                 for event in turn.fold.feed(delta):
                     yield numbered(event)
-        for event in turn.fold.close():
-            yield numbered(event)
-    except Exception as e:  # noqa: BLE001 - headers are gone: the stream's last event says it
-        http = status_of(e) if isinstance(e, VLLMInlineError) else 500
-        code = "server_error" if http >= 500 else "invalid_request"
-        failed = turn.response("failed", error={"code": code, "message": str(e)})
-        yield numbered({"response": failed, "sequence_number": 0, "type": "response.failed"})
-        return
+            for event in turn.fold.close():
+                yield numbered(event)
+        except Exception as e:  # noqa: BLE001 - headers are gone: the last event says it
+            http = status_of(e) if isinstance(e, VLLMInlineError) else 500
+            code = "server_error" if http >= 500 else "invalid_request"
+            failed = turn.response("failed", error={"code": code, "message": str(e)})
+            yield numbered({"response": failed, "sequence_number": 0, "type": "response.failed"})
+            return
     status = turn.status()
     kind = "response.incomplete" if status == "incomplete" else "response.completed"
     yield numbered({"response": turn.response(status), "sequence_number": 0, "type": kind})

@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from vllm_inline.server.responses.records import (
     CANCELLABLE,
@@ -20,6 +21,21 @@ from vllm_inline.server.responses.records import (
 )
 
 __all__ = ["MemoryResponseStore"]
+
+
+@dataclass
+class _Item:
+    """One response as the memory store keeps it (JSON, as the file does)."""
+
+    expires_at: float
+    size: int
+    status: str
+    response: str
+    messages: str
+    events: list[StoredEvent] = field(default_factory=list)
+
+    def stored(self) -> StoredResponse:
+        return StoredResponse(json.loads(self.response), json.loads(self.messages))
 
 
 class MemoryResponseStore:
@@ -40,8 +56,8 @@ class MemoryResponseStore:
         """How long a response is kept."""
         self._clock = clock
         self._lock = threading.Lock()
-        self._items: dict[str, tuple[float, int, str, str]] = {}  # insertion order: oldest first
-        self._events: dict[str, list[StoredEvent]] = {}
+        self._items: dict[str, _Item] = {}  # insertion order: oldest first
+        self._total = 0
 
     def put(
         self,
@@ -55,74 +71,84 @@ class MemoryResponseStore:
         now = self._clock()
         rid = stored.response["id"]
         with self._lock:
-            for key in [k for k, v in self._items.items() if v[0] <= now]:
+            for key in [k for k, v in self._items.items() if v.expires_at <= now]:
                 self._drop(key)
             was = self._items.get(rid)
-            if keep_cancelled and was and json.loads(was[2])["status"] == "cancelled":
+            if keep_cancelled and was and was.status == "cancelled":
                 return False
-            self._items.pop(rid, None)
-            kept = self._events.setdefault(rid, [])
-            kept.extend(events)
-            if not kept:
-                del self._events[rid]
-            size += events_size(kept)
-            self._items[rid] = (now + self.ttl_seconds, size, response, messages)
+            kept = [*(was.events if was else ()), *events]
+            if was is not None:
+                self._drop(rid)
+            status = str(stored.response["status"])
+            item = _Item(now + self.ttl_seconds, size + events_size(kept), status, response,
+                         messages, kept)  # fmt: skip
+            self._items[rid] = item
+            self._total += item.size
             self._evict()
         return True
 
-    def _drop(self, response_id: str) -> int:
-        """Delete a response and its events; its size."""
-        self._events.pop(response_id, None)
-        return self._items.pop(response_id)[1]
+    def _drop(self, response_id: str) -> None:
+        self._total -= self._items.pop(response_id).size
 
     def _evict(self) -> None:
-        total = sum(v[1] for v in self._items.values())
-        while total > self.max_bytes:
-            total -= self._drop(next(iter(self._items)))
-
-    def add_events(self, response_id: str, events: Sequence[StoredEvent]) -> None:
-        with self._lock:
-            item = self._items.get(response_id)
-            if item is None:  # gone meanwhile: its events would stay
+        """The oldest finished ones out while over the limit (not one still running)."""
+        for key in [k for k, v in self._items.items() if v.status not in CANCELLABLE]:
+            if self._total <= self.max_bytes:
                 return
-            self._events.setdefault(response_id, []).extend(events)
-            self._items[response_id] = (item[0], item[1] + events_size(events), *item[2:])
-            self._evict()
+            self._drop(key)
+
+    def add_events(self, response_id: str, events: Sequence[StoredEvent]) -> bool:
+        with self._lock:
+            item = self._live(response_id)
+            if item is None or item.status not in CANCELLABLE:
+                return False  # cancelled, failed or gone meanwhile: the stream stops here
+            item.events.extend(events)
+            added = events_size(events)
+            item.size += added
+            self._total += added
+            if self._total > self.max_bytes:
+                self._evict()
+        return True
 
     def events(self, response_id: str, after: int) -> list[StoredEvent] | None:
         with self._lock:
-            kept = self._events.get(response_id)
-            return None if kept is None else [e for e in kept if e.sequence_number > after]
+            item = self._items.get(response_id)
+            if item is None or not item.events:
+                return None
+            return [e for e in item.events if e.sequence_number > after]
+
+    def _live(self, response_id: str) -> _Item | None:
+        item = self._items.get(response_id)
+        return None if item is None or item.expires_at <= self._clock() else item
 
     def status(self, response_id: str) -> str | None:
         """The stored response's ``status`` (``None``: not stored)."""
-        got = self.get(response_id)
-        return None if got is None else str(got.response["status"])
+        with self._lock:
+            item = self._live(response_id)
+            return None if item is None else item.status
 
     def cancel(self, response_id: str) -> StoredResponse | None:
         with self._lock:
-            item = self._items.get(response_id)
-            if item is None or item[0] <= self._clock():
+            item = self._live(response_id)
+            if item is None:
                 return None
-            stored = StoredResponse(json.loads(item[2]), json.loads(item[3]))
-            if stored.response["status"] in CANCELLABLE:
-                stored.response["status"] = "cancelled"
-                self._items[response_id] = (*item[:2], json.dumps(stored.response), item[3])
+            stored = item.stored()
+            if item.status in CANCELLABLE:
+                stored.response["status"] = item.status = "cancelled"
+                item.response = json.dumps(stored.response)
         return stored
 
     def get(self, response_id: str) -> StoredResponse | None:
         with self._lock:
-            item = self._items.get(response_id)
-        if item is None or item[0] <= self._clock():
-            return None
-        return StoredResponse(json.loads(item[2]), json.loads(item[3]))
+            item = self._live(response_id)
+        return None if item is None else item.stored()
 
     def total_bytes(self) -> int:
         """The stored JSON's size now."""
         with self._lock:
-            return sum(v[1] for v in self._items.values())
+            return self._total
 
     def close(self) -> None:
         with self._lock:
             self._items.clear()
-            self._events.clear()
+            self._total = 0

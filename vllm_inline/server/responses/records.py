@@ -81,8 +81,10 @@ class ResponseStore(Protocol):
         stay), unless ``keep_cancelled`` and that one was cancelled (then ``False``, nothing
         written); ``events`` are added to the response's in the same write."""
 
-    def add_events(self, response_id: str, events: Sequence[StoredEvent]) -> None:
-        """Add ``events`` to the stored response's (they count in its size, and go with it)."""
+    def add_events(self, response_id: str, events: Sequence[StoredEvent]) -> bool:
+        """Add ``events`` to the stored response's (they count in its size, and go with it),
+        in one write, while it is ``queued`` or ``in_progress``; ``False`` (nothing written):
+        it is cancelled, failed or gone."""
 
     def events(self, response_id: str, after: int) -> list[StoredEvent] | None:
         """The response's events numbered after ``after``, in order; ``None``: it has none

@@ -7,7 +7,8 @@ As in the chat route, a stream waits for its first delta before the 200 goes out
 still gets a 400), and a client that leaves cancels the work, which aborts the request in vLLM.
 A response is stored, in one transaction, before its last event (``response.completed`` /
 ``response.incomplete``) or its JSON goes out, so a client may name it at once in its next
-request, on any worker. A request that fails stores nothing.
+request, on any worker. A request that fails in the foreground stores nothing (a background
+one stores its failed response).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import TypeAdapter, ValidationError
 
 from vllm_inline.engine import DEFAULTS, BadRequestError, Delta
 from vllm_inline.server.chat import read_body, until_disconnect
@@ -45,6 +47,11 @@ logger = logging.getLogger("vllm_inline")
 
 _NOT_FOUND = "invalid_request_error"
 """The ``type`` of ``vllm serve``'s 404 for an unknown response id (OpenAI's too)."""
+
+
+_PAST_ANY = 1 << 62
+"""A ``starting_after`` past any event: the store's answer then only says whether the response
+has events (``[]``) or none (``None``), without reading them."""
 
 
 def _not_found(response_id: str, param: str) -> JSONResponse:
@@ -133,7 +140,7 @@ def responses_router(
             return _not_found(response_id, "response_id")
         if not stream:
             return JSONResponse(stored.response)
-        if await asyncio.to_thread(lambda: store().events(response_id, after)) is None:
+        if await asyncio.to_thread(lambda: store().events(response_id, _PAST_ANY)) is None:
             message = (
                 f"Response '{response_id}' was not created with background and stream, so it "
                 "has no events to stream: GET it without stream."
@@ -163,17 +170,17 @@ def responses_router(
 
 
 def _stream_query(request: Request) -> tuple[bool, int]:
-    """``stream`` and ``starting_after`` of a GET (``-1``: from the first event)."""
+    """``stream`` and ``starting_after`` of a GET (``-1``: from the first event), read as
+    FastAPI reads ``vllm serve``'s (pydantic's ``bool`` and ``int``)."""
     query = request.query_params
-    stream = query.get("stream", "false").lower()
-    if stream not in ("true", "false", "1", "0"):
-        raise InvalidBodyError("query.stream", "Input should be a valid boolean")
-    after = query.get("starting_after")
-    try:
-        number = -1 if after is None else int(after)
-    except ValueError:
-        raise InvalidBodyError("query.starting_after", "Input should be a valid integer") from None
-    return stream in ("true", "1"), number
+    values: dict[str, Any] = {}
+    for name, kind, default in (("stream", bool, False), ("starting_after", int, -1)):
+        try:
+            values[name] = TypeAdapter(kind).validate_python(query.get(name, default))
+        except ValidationError as e:
+            problem = e.errors()[0]["msg"]
+            raise InvalidBodyError(f"query.{name}", problem) from None
+    return values["stream"], values["starting_after"]
 
 
 async def _whole(

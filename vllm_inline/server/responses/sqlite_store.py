@@ -4,8 +4,9 @@
 Each response still ``queued`` or ``in_progress`` names the process that runs it
 (``<pid>-<start>``, the process that stored it: a background response runs in the worker that
 took the request). A worker killed meanwhile cannot mark its responses; the first read that
-finds one whose process has ended marks it ``failed``, in one transaction, so every worker (and
-a restarted group) then reads the same. The events of a response streamed in the background
+finds one whose process has ended marks it ``failed`` (and ends its stream, if it streams, with
+``response.failed``), in one transaction, so every worker (and a restarted group) then reads
+the same. The events of a response streamed in the background
 are rows of their own, counted in its size and deleted with it. Processes of one machine: the
 file is WAL, which needs shared memory."""
 
@@ -32,6 +33,7 @@ from vllm_inline.server.responses.records import (
     checked_size,
     encoded,
     events_size,
+    stored_event,
 )
 
 __all__ = ["SQLiteResponseStore", "failed_as_orphan", "runner_gone", "this_runner"]
@@ -53,6 +55,9 @@ _SCHEMA = (
     )""",
     "CREATE INDEX IF NOT EXISTS responses_by_age ON responses (stored_at)",
     "CREATE INDEX IF NOT EXISTS responses_by_expiry ON responses (expires_at)",
+    # The size limit's sum reads this index, not the table's rows (each holds its JSON): it is
+    # taken at every write, each event of a background stream included.
+    "CREATE INDEX IF NOT EXISTS responses_by_size ON responses (bytes)",
     """CREATE TABLE IF NOT EXISTS events (
         response_id TEXT NOT NULL,
         seq INTEGER NOT NULL,
@@ -192,16 +197,21 @@ class SQLiteResponseStore:
             self._evict(db)
         return True
 
-    def add_events(self, response_id: str, events: Sequence[StoredEvent]) -> None:
+    def add_events(self, response_id: str, events: Sequence[StoredEvent]) -> bool:
         with self._lock, self._transaction() as db:
-            # Not for a response gone meanwhile (evicted, expired): its events would stay.
-            if db.execute("SELECT 1 FROM responses WHERE id = ?", (response_id,)).fetchone():
-                self._insert(db, response_id, events)
-                db.execute(
-                    "UPDATE responses SET bytes = bytes + ? WHERE id = ?",
-                    (events_size(events), response_id),
-                )
-                self._evict(db)
+            row = db.execute(
+                "SELECT status FROM responses WHERE id = ? AND expires_at > ?",
+                (response_id, self._clock()),
+            ).fetchone()
+            if row is None or row[0] not in CANCELLABLE:
+                return False  # cancelled, failed or gone meanwhile: the stream stops here
+            self._insert(db, response_id, events)
+            db.execute(
+                "UPDATE responses SET bytes = bytes + ? WHERE id = ?",
+                (events_size(events), response_id),
+            )
+            self._evict(db)
+        return True
 
     @staticmethod
     def _insert(db: sqlite3.Connection, response_id: str, events: Sequence[StoredEvent]) -> None:
@@ -253,7 +263,25 @@ class SQLiteResponseStore:
                 "UPDATE responses SET status = 'failed', runner = NULL, response = ? WHERE id = ?",
                 (json.dumps(stored.response), response_id),
             )
+            self._end_stream(db, stored.response)
         return stored
+
+    def _end_stream(self, db: sqlite3.Connection, failed: dict[str, Any]) -> None:
+        """A streamed response failed as an orphan: its stream's last event, which its
+        runner never wrote, so that every reader (and every resumption) ends alike."""
+        (last,) = db.execute(
+            "SELECT MAX(seq) FROM events WHERE response_id = ?", (failed["id"],)
+        ).fetchone()
+        if last is None:
+            return
+        event = stored_event(
+            {"response": failed, "sequence_number": last + 1, "type": "response.failed"}
+        )
+        self._insert(db, failed["id"], [event])
+        db.execute(
+            "UPDATE responses SET bytes = bytes + ? WHERE id = ?",
+            (events_size([event]), failed["id"]),
+        )
 
     def _settle(self, response_id: str) -> StoredResponse | None:
         with self._transaction() as db:
@@ -290,7 +318,11 @@ class SQLiteResponseStore:
         if total <= self.max_bytes:
             return
         over = total - self.max_bytes
-        rows = db.execute("SELECT id, bytes FROM responses ORDER BY stored_at, rowid")
+        # The oldest finished ones: a response still running is not deleted under its writer.
+        rows = db.execute(
+            "SELECT id, bytes FROM responses WHERE status NOT IN ('queued', 'in_progress') "
+            "ORDER BY stored_at, rowid"
+        )
         doomed = []
         for response_id, size in rows:
             if over <= 0:
