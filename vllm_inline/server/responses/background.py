@@ -52,6 +52,9 @@ class BackgroundResponses:
         self._store = store
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._news: dict[str, asyncio.Event] = {}  # set at each new event of a stream run here
+        # The events a stream run here has stored, in order (index = sequence number): its
+        # readers on this worker read them here, without a thread or a query per event.
+        self._written: dict[str, list[StoredEvent]] = {}
 
     def start(self, turn: Turn, deltas: AsyncIterator[Delta]) -> None:
         """Run ``turn`` to its end in a task (its ``queued`` response is stored already)."""
@@ -71,6 +74,7 @@ class BackgroundResponses:
             await events.aclose()
             raise BadRequestError.invalid("background", True, str(e)) from None
         self._news[turn.id] = asyncio.Event()
+        self._written[turn.id] = first
         self._spawn(turn, self._streamed(turn, events))
 
     def _spawn(self, turn: Turn, work: Coroutine[Any, Any, dict[str, Any] | None]) -> None:
@@ -79,6 +83,7 @@ class BackgroundResponses:
 
         def done(_: object) -> None:
             self._tasks.pop(turn.id, None)
+            self._written.pop(turn.id, None)
             self._wake(turn.id, last=True)
 
         task.add_done_callback(done)
@@ -105,7 +110,11 @@ class BackgroundResponses:
 
         while True:
             news = self._news.get(response_id)  # before the read: no event is missed
-            events = await asyncio.to_thread(read, after)
+            written = self._written.get(response_id)
+            if written is not None:  # running here
+                events: list[StoredEvent] | None = written[max(after + 1, 0) :]
+            else:
+                events = await asyncio.to_thread(read, after)
             for event in events or ():
                 yield sse_of(event)
                 after = event.sequence_number
@@ -113,8 +122,8 @@ class BackgroundResponses:
                     return
             if events:
                 continue
-            # Nothing new: still running?
-            if await asyncio.to_thread(status) not in CANCELLABLE:
+            # Nothing new: still running? (Here, it is until its task ends, which wakes us.)
+            if written is None and await asyncio.to_thread(status) not in CANCELLABLE:
                 # Ended (its last event is stored by now: with the response, or by the store
                 # when its worker was killed) or cancelled.
                 for event in await asyncio.to_thread(read, after) or ():
@@ -158,26 +167,30 @@ class BackgroundResponses:
         def add(events: list[StoredEvent]) -> bool:
             return store().add_events(turn.id, events)
 
+        written = self._written[turn.id]
         async with aclosing(events):
             async for event in events:
                 kept = [stored_event(event)]
                 if event["type"] in LAST_EVENTS:
-                    await self._keep_last(turn, event["response"], kept)
-                elif not await asyncio.to_thread(add, kept):
+                    written.extend(await self._keep_last(turn, event["response"], kept))
+                elif await asyncio.to_thread(add, kept):
+                    written.extend(kept)
+                else:
                     break  # cancelled (or failed, or gone) in the store: closing aborts it
                 self._wake(turn.id)
         return None
 
     async def _keep_last(
         self, turn: Turn, response: dict[str, Any], last: list[StoredEvent]
-    ) -> None:
+    ) -> list[StoredEvent]:
         """The response with its last event, in one write (a reader that finds it finished
-        has every event); not over a cancelled one."""
+        has every event); not over a cancelled one. The event stored (none: cancelled)."""
         stored = turn.stored(response)
         try:
-            await asyncio.to_thread(
+            kept = await asyncio.to_thread(
                 lambda: self._store().put(stored, keep_cancelled=True, events=last)
             )
+            return last if kept else []
         except ValueError as e:  # larger than the whole store: failed, and its readers told
             logger.warning("Response %s not stored: %s", turn.id, e)
             error = {"code": "server_error", "message": str(e)}
@@ -185,9 +198,11 @@ class BackgroundResponses:
             event = {"response": failed, "sequence_number": last[0].sequence_number,
                      "type": "response.failed"}  # fmt: skip
             small = StoredResponse(failed, turn.history)
-            await asyncio.to_thread(
-                lambda: self._store().put(small, keep_cancelled=True, events=[stored_event(event)])
+            end = [stored_event(event)]
+            kept = await asyncio.to_thread(
+                lambda: self._store().put(small, keep_cancelled=True, events=end)
             )
+            return end if kept else []
 
     async def _run(self, turn: Turn, work: Coroutine[Any, Any, dict[str, Any] | None]) -> None:
         """``work`` (which returns the response to store, if it stores none itself) until it
