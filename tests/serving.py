@@ -1,12 +1,14 @@
-"""Serve an ASGI app with uvicorn in a thread on 127.0.0.1, over a real socket, for a test."""
+"""Serve an ASGI app with uvicorn in a thread on 127.0.0.1, over a real socket, for a test;
+read the Responses API's server-sent events."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 
@@ -32,3 +34,20 @@ def serving(app: Any, lifespan: str = "on") -> Iterator[str]:
         thread.join(timeout=60)
         sock.close()
     assert not thread.is_alive()
+
+
+def sse_events(lines: Iterable[str], most: int | None = None) -> list[dict[str, Any]]:
+    """The events of an SSE body's ``lines`` (all, or the first ``most``), checked: each
+    ``event:`` line names the type of the ``data:`` after it."""
+    out: list[dict[str, Any]] = []
+    name = None
+    for line in lines:
+        if line.startswith("event: "):
+            name = line.removeprefix("event: ")
+        elif line.startswith("data: "):
+            event = json.loads(line.removeprefix("data: "))
+            assert event["type"] == name, (name, event["type"])
+            out.append(event)
+            if len(out) == most:
+                break
+    return out

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from serving import serving
+from serving import serving, sse_events
 
 from vllm_inline.engine import Delta, Engine, start_engines
 from vllm_inline.server import OpenAIServer
@@ -56,20 +56,11 @@ class App:
 
     def events(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         """The SSE events of a streamed request, checked: ``event:`` names its data's type."""
-        out = []
         with httpx.stream(
             "POST", f"{self.url}/v1/responses", json={**body, "stream": True}, timeout=120
         ) as r:
             assert r.status_code == 200, r.read()
-            name = None
-            for line in r.iter_lines():
-                if line.startswith("event: "):
-                    name = line.removeprefix("event: ")
-                elif line.startswith("data: "):
-                    event = json.loads(line.removeprefix("data: "))
-                    assert event["type"] == name
-                    out.append(event)
-        return out
+            return sse_events(r.iter_lines())
 
 
 def engine_answer(engine: Engine, messages: list[dict[str, Any]], **kwargs: Any) -> list[Delta]:

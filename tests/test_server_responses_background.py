@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from serving import serving
+from serving import serving, sse_events
 
 from vllm_inline.engine import Engine, start_engines
 from vllm_inline.server import OpenAIServer
@@ -65,21 +65,8 @@ class App:
 
 
 def read_events(response: httpx.Response, most: int | None = None) -> list[dict[str, Any]]:
-    """The SSE events of ``response`` (all, or the first ``most``), checked: ``event:`` names
-    its data's type."""
     assert response.status_code == 200, response.read()
-    out: list[dict[str, Any]] = []
-    name = None
-    for line in response.iter_lines():
-        if line.startswith("event: "):
-            name = line.removeprefix("event: ")
-        elif line.startswith("data: "):
-            event = json.loads(line.removeprefix("data: "))
-            assert event["type"] == name
-            out.append(event)
-            if most is not None and len(out) == most:
-                break
-    return out
+    return sse_events(response.iter_lines(), most)
 
 
 def streamed(app: App, method: str, path: str, most: int | None = None, **kw: Any) -> list[Any]:

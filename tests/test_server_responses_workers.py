@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 from processes import clean_up, describe, free_port, process_tree, shm_entries, wait_gone
+from serving import sse_events
 
 from vllm_inline.engine.life.group import WORKER_VARIABLE
 from vllm_inline.testing import CPU_TEST_ENGINE_KWARGS, scripted_model
@@ -53,17 +54,6 @@ class Launched:
                 ):
                     return process
         raise AssertionError(f"no worker {index} among {describe(self.tree.values())}")
-
-
-def data_events(lines: Iterator[str], most: int | None = None) -> list[dict[str, Any]]:
-    """The SSE ``data:`` events of ``lines`` (all, or the first ``most``)."""
-    out: list[dict[str, Any]] = []
-    for line in lines:
-        if line.startswith("data: "):
-            out.append(json.loads(line.removeprefix("data: ")))
-            if len(out) == most:
-                break
-    return out
 
 
 @contextlib.contextmanager
@@ -177,14 +167,14 @@ def test_llama_index_conversations_across_workers_and_a_restart(
         body = {**long, "stream": True}
         with httpx.stream("POST", f"{run.url}/v1/responses", json=body, timeout=60) as r:
             origin = r.headers[WORKER_HEADER]
-            head = data_events(r.iter_lines(), most=4)
+            head = sse_events(r.iter_lines(), most=4)
         url = f"{run.url}/v1/responses/{head[0]['response']['id']}"
         rest = None
         for _ in range(20):
             query = {"stream": "true", "starting_after": 3}
             with httpx.stream("GET", url, params=query, timeout=60) as r:
                 if r.headers[WORKER_HEADER] != origin:
-                    rest = data_events(r.iter_lines())
+                    rest = sse_events(r.iter_lines())
                     break
         assert rest is not None, "every resumption landed on the worker that runs it"
         events = head + rest
