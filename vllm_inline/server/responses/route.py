@@ -54,6 +54,11 @@ _PAST_ANY = 1 << 62
 has events (``[]``) or none (``None``), without reading them."""
 
 
+_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
+_INT: TypeAdapter[int] = TypeAdapter(int)
+"""How FastAPI reads ``vllm serve``'s query parameters (built once: a GET reads two)."""
+
+
 def _not_found(response_id: str, param: str) -> JSONResponse:
     return error_response(404, f"Response with id '{response_id}' not found.", param, _NOT_FOUND)
 
@@ -174,9 +179,9 @@ def _stream_query(request: Request) -> tuple[bool, int]:
     FastAPI reads ``vllm serve``'s (pydantic's ``bool`` and ``int``)."""
     query = request.query_params
     values: dict[str, Any] = {}
-    for name, kind, default in (("stream", bool, False), ("starting_after", int, -1)):
+    for name, adapter, default in (("stream", _BOOL, False), ("starting_after", _INT, -1)):
         try:
-            values[name] = TypeAdapter(kind).validate_python(query.get(name, default))
+            values[name] = adapter.validate_python(query.get(name, default))
         except ValidationError as e:
             problem = e.errors()[0]["msg"]
             raise InvalidBodyError(f"query.{name}", problem) from None

@@ -205,11 +205,7 @@ class SQLiteResponseStore:
             ).fetchone()
             if row is None or row[0] not in CANCELLABLE:
                 return False  # cancelled, failed or gone meanwhile: the stream stops here
-            self._insert(db, response_id, events)
-            db.execute(
-                "UPDATE responses SET bytes = bytes + ? WHERE id = ?",
-                (events_size(events), response_id),
-            )
+            self._append(db, response_id, events)
             self._evict(db)
         return True
 
@@ -218,6 +214,16 @@ class SQLiteResponseStore:
         db.executemany(
             "INSERT OR REPLACE INTO events VALUES (?, ?, ?, ?)",
             [(response_id, e.sequence_number, e.type, e.data) for e in events],
+        )
+
+    def _append(
+        self, db: sqlite3.Connection, response_id: str, events: Sequence[StoredEvent]
+    ) -> None:
+        """``events`` added to a stored response's, and to its size."""
+        self._insert(db, response_id, events)
+        db.execute(
+            "UPDATE responses SET bytes = bytes + ? WHERE id = ?",
+            (events_size(events), response_id),
         )
 
     def events(self, response_id: str, after: int) -> list[StoredEvent] | None:
@@ -277,11 +283,7 @@ class SQLiteResponseStore:
         event = stored_event(
             {"response": failed, "sequence_number": last + 1, "type": "response.failed"}
         )
-        self._insert(db, failed["id"], [event])
-        db.execute(
-            "UPDATE responses SET bytes = bytes + ? WHERE id = ?",
-            (events_size([event]), failed["id"]),
-        )
+        self._append(db, failed["id"], [event])
 
     def _settle(self, response_id: str) -> StoredResponse | None:
         with self._transaction() as db:
