@@ -36,7 +36,8 @@ _RENDEZVOUS_SEEN: dict[str, str] = {}  # vllm_dist_* file in /tmp -> test it app
 OWN_PROCESSES = (
     "tests/test_check.py::test_check_fails_when",
     "tests/test_check.py::test_cli_",
-    "tests/test_clean_run.py::test_chatvllm_start_answer_shutdown",
+    "tests/test_clean_run.py::test_chatvllm_",
+    "tests/test_docs_snippets.py::",
     "tests/test_cli.py::",
     "tests/test_engine_cpu_defaults.py::test_an_engine_with_no_options",
     "tests/test_examples.py::",

@@ -1,6 +1,6 @@
-"""A first run reads clean: an engine start, an answer and a shutdown through ``ChatVLLM`` print
-the answer, vLLM's weight-loading progress and nothing else, and nothing is reported as leaked
-at exit. vLLM's start-up noise and how it is silenced: ``engine/seam/vllm_quiet.py``."""
+"""A first run reads clean: an engine start, an answer and a shutdown through ``ChatVLLM`` (or no
+shutdown: the script just ends) print the answer, vLLM's weight-loading progress and nothing
+else, and nothing is reported as leaked at exit. vLLM's start-up noise and how it is silenced: ``engine/seam/vllm_quiet.py``."""
 
 from __future__ import annotations
 
@@ -38,6 +38,10 @@ SCRIPT = textwrap.dedent(
         llm.engine.shutdown()
     """
 )
+WITHOUT_SHUTDOWN = SCRIPT.replace("    llm.engine.shutdown()\n", "")
+assert WITHOUT_SHUTDOWN != SCRIPT
+"""The same script as most users write it: it just ends (issue 63: vLLM's output handler then
+logged an ERROR traceback at exit)."""
 
 
 def _environment(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -48,20 +52,35 @@ def _environment(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-@command("first-run")
-def first_run(tmp_path: Path) -> Command:
+def _first_run(source: str, tmp_path: Path) -> Command:
     script = tmp_path / "first_run.py"
-    script.write_text(SCRIPT)
+    script.write_text(source)
     # The engine's own CPU defaults, as in the README snippet: no vllm_kwargs.
     return Command([sys.executable, str(script)], _environment(tmp_path), cwd=tmp_path)
 
 
+@command("first-run")
+def first_run(tmp_path: Path) -> Command:
+    return _first_run(SCRIPT, tmp_path)
+
+
+@command("first-run-no-shutdown")
+def first_run_no_shutdown(tmp_path: Path) -> Command:
+    return _first_run(WITHOUT_SHUTDOWN, tmp_path)
+
+
 @pytest.mark.engine
-@pytest.mark.launches("first-run")
-def test_chatvllm_start_answer_shutdown_prints_only_the_answer_and_progress(
-    launches: Launches,
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.launches(name))
+        for name in ("first-run", "first-run-no-shutdown")
+    ],
+)
+def test_chatvllm_start_answer_and_end_print_only_the_answer_and_progress(
+    launches: Launches, name: str
 ) -> None:
-    result = launches.result("first-run")
+    result = launches.result(name)
     assert result.returncode == 0, result.stderr[-3000:]
     # vLLM's INFO lines go to stdout: none of them either.
     assert result.stdout == f"ANSWER: {SCENARIOS['llama3'].answer}\n", result.stdout[-3000:]

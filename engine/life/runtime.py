@@ -176,10 +176,16 @@ class Runtime:
                 task.cancel()
             if self.tasks:
                 await asyncio.wait(list(self.tasks), timeout=5)
+            if llm is None:
+                return
+            # The output handler first, then the engine cores: the other way round (vLLM's own
+            # order) the handler can read the dying engine and log an ERROR traceback.
+            from vllm_inline.engine.seam import vllm_engine
+
+            await vllm_engine.stop_output_handler(llm)
             # Returns as soon as vLLM's processes are down. Killed before their own teardown
             # ends, they leave shared memory and a lock behind, reported as leaked at exit.
-            if llm is not None:
-                llm.shutdown(timeout=vllm_quiet.shutdown_timeout())
+            llm.shutdown(timeout=vllm_quiet.shutdown_timeout())
 
         try:
             self.loop.submit(close()).result(timeout=30)

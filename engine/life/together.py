@@ -228,6 +228,13 @@ def started(engine: EngineLike, options: Mapping[str, Any]) -> None:
     chosen for the machine)."""
     with _running_lock:
         _running[id(engine)] = (engine, dict(options))
+        # atexit runs the hooks registered last first, and vLLM registers its own while an
+        # engine starts: ``weakref.finalize``'s, whose finalizer of each engine client stops
+        # the engine cores while the output handler still reads them (an ERROR traceback at
+        # every exit). Registered again now, the engines' own shutdown runs before it, in
+        # order: the output handler, then the engine cores (runtime.Runtime.shutdown).
+        atexit.unregister(_at_exit)
+        atexit.register(_at_exit)
 
 
 def stopped(engine: EngineLike) -> None:

@@ -283,6 +283,7 @@ async def aiter_on(
                     pass
 
             pump.stop(then)
+            _unreported_if_closing_only(asyncio.current_task())
             await asyncio.wait([stopped], timeout=_STOP_WAIT_S)
 
 
@@ -325,6 +326,18 @@ def iter_on(
             pump.stop(stopped.set)
             if not lt.in_loop_thread:  # (closed by the garbage collector there: cannot wait)
                 stopped.wait(_STOP_WAIT_S)
+
+
+def _unreported_if_closing_only(task: asyncio.Task[Any] | None) -> None:
+    """A stream left unfinished and dropped is closed by asyncio in a task of its own (the
+    loop's async-generator finalizer). When the loop closes while that task waits here for the
+    engine loop's confirmation (``asyncio.run`` ending with an exception), asyncio destroys it
+    and logs "Task was destroyed but it is pending!" at ERROR. Nothing is lost then: the abort
+    is already on its way on the engine loop. So a task that only closes this stream is not
+    reported, as asyncio does for the tasks of its own ``run_until_complete``; a task of the
+    caller's is left as it is."""
+    if task is not None and type(task.get_coro()).__name__ == "async_generator_athrow":
+        task._log_destroy_pending = False  # type: ignore[attr-defined]
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -210,6 +210,7 @@ CONTRACT: tuple[Use, ...] = (
             "model_config",
             "vllm_config",
             "errored",
+            "output_handler",
         ),
     ),
     _u("vllm.v1.engine.async_llm", "AsyncLLM.from_engine_args", keywords=("stat_loggers",)),

@@ -17,6 +17,7 @@ Standard library only: it runs before anything else in the server.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -43,6 +44,13 @@ def _arm() -> None:
     parent = os.environ.get(PARENT_VARIABLE, "")
     if not parent.isdigit():
         return
+    # A process group of its own, as the engine cores have (.vllm_boot): what is sent to the
+    # app's group must not reach it. ipykernel's shutdown SIGTERMs every child in the kernel's
+    # group; the server's end closes the status pipes of the engine cores forked from it,
+    # which vLLM reads as their death (and logs an ERROR), while they still run. Its own end
+    # comes with the app's: the signal below, then the standard library's "alive" pipe.
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
     if os.getppid() == int(parent):
         _armed = _prctl_death_signal(signal.SIGKILL)
         if os.getppid() != int(parent):  # the parent ended before the signal was set

@@ -13,6 +13,7 @@ Imported only when an engine starts: importing :mod:`vllm_inline.engine` does no
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Mapping
@@ -59,6 +60,7 @@ __all__ = [
     "map_error",
     "media_limits",
     "start_engine",
+    "stop_output_handler",
 ]
 
 _ENGINE_ARG_NAMES = frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
@@ -151,6 +153,22 @@ def start_engine(
     # next engine start clears the cache first, so it sees the environment of its own time.
     enable_envs_cache()
     return llm
+
+
+async def stop_output_handler(llm: AsyncLLM, timeout: float = 5.0) -> None:
+    """Cancel ``llm``'s output handler and wait until it has ended (on the engine loop).
+
+    ``AsyncLLM.shutdown`` stops the engine cores first and cancels the output handler after: a
+    handler that reads the engine's outputs in between gets vLLM's ``EngineDeadError`` and logs
+    "AsyncLLM output_handler failed" with its traceback (at ERROR: printed at every log level).
+    Stopped first, nothing reads when the engine cores go.
+    """
+    handler = getattr(llm, "output_handler", None)
+    if handler is None or handler.done():
+        return
+    handler.cancel()
+    # asyncio.wait, not await: the handler's CancelledError is not this task's.
+    await asyncio.wait([handler], timeout=timeout)
 
 
 def engine_options(kwargs: Mapping[str, Any]) -> dict[str, Any]:

@@ -152,14 +152,24 @@ class _Popen(popen_forkserver.Popen):
     def _launch(self, process_obj: Any) -> None:
         # The standard library's, with this module's server in place of the shared one.
         prep_data = spawn.get_preparation_data(process_obj._name)
-        buf = io.BytesIO()
+        process, buf = io.BytesIO(), io.BytesIO()
+        # context's reduction, as the standard library's: ctx.reducer may have replaced it
+        dump = cast(Any, context).reduction.dump
         context.set_spawning_popen(self)
         try:
-            # context's reduction, as the standard library's: ctx.reducer may have replaced it
-            cast(Any, context).reduction.dump(prep_data, buf)
-            cast(Any, context).reduction.dump(process_obj, buf)
+            dump(process_obj, process)
+            if b"__main__" not in process.getvalue():
+                # An engine core runs vLLM's code only: it need not run the app's main module
+                # again, as a spawned process does first. Run again, a script with no `__main__`
+                # guard (the README's snippets, `python -c`, a script read from stdin) would
+                # start a second engine there and fail. Kept when the process refers to an
+                # object of that module.
+                prep_data.pop("init_main_from_path", None)
+                prep_data.pop("init_main_from_name", None)
+            dump(prep_data, buf)
         finally:
             context.set_spawning_popen(None)
+        buf.write(process.getbuffer())
         with _forking_lock, _socket_in_owner_directory():
             self.sentinel, w = _server.connect_to_new_process(cast(Any, self)._fds)
             _parent_w = os.dup(w)  # the child's sentinel of this process: closed when it is gone

@@ -69,6 +69,13 @@ class Launched:
     def text(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
 
+    def assert_stopped_quietly(self) -> None:
+        """Nothing in the log of an ERROR or a traceback (issue 63: the group and ``run`` stop
+        their engines in order, the output handlers before the engine cores)."""
+        log = self.log.read_text(errors="replace")
+        bad = [line for line in log.splitlines() if " ERROR " in line or "Traceback" in line]
+        assert not bad, bad[:20]
+
 
 @contextlib.contextmanager
 def launched(tmp_path: Path, *arguments: str, healthy: bool = True) -> Iterator[Launched]:
@@ -240,6 +247,7 @@ def test_sigterm_lets_a_stream_on_another_worker_finish_before_the_cores_stop(
         ]
         assert rest[-1] == "data: [DONE]" and "length" in finishes, rest[-3:]
         assert run.child.wait(timeout=90) == 0, run.text()
+        run.assert_stopped_quietly()
         left, shm_left, _ = wait_gone(list(run.tree.values()), shm_entries() - before, 30)
         assert not left and not shm_left, (describe(left), shm_left)
 
@@ -369,6 +377,7 @@ def test_a_users_app_under_run_works_from_every_worker(scripted_root: Path, tmp_
             assert _metric_sum(metrics, "vllm:request_success_total", chat.path) == served
             run.child.send_signal(signal.SIGTERM)
             assert run.child.wait(timeout=90) == 0, run.text()
+            run.assert_stopped_quietly()
             left, shm_left, _ = wait_gone(list(run.tree.values()), shm_entries() - before, 30)
             assert not left and not shm_left, (describe(left), shm_left)
         finally:
