@@ -8,7 +8,7 @@
 Importing this module does not import torch or vLLM; they load when an engine starts.
 """
 
-from vllm_inline.engine.engine import Engine, get_engine
+from vllm_inline.engine.engine import Engine
 from vllm_inline.engine.errors import (
     BadRequestError,
     ChatTemplateError,
@@ -29,6 +29,7 @@ from vllm_inline.engine.errors import (
 from vllm_inline.engine.life.metrics import EngineStats, RequestMetrics, prometheus_registry
 from vllm_inline.engine.life.stops import StopPolicy
 from vllm_inline.engine.life.together import shutdown_all, shutdown_engines, start_engines
+from vllm_inline.engine.registry import get_engine
 from vllm_inline.engine.request.sampling import DEFAULTS
 from vllm_inline.engine.stream.deltas import Delta, TokenLogprob, ToolCallDelta, Usage
 

@@ -1,6 +1,6 @@
 """The shared engine: one vLLM ``AsyncLLM`` per model and options per process.
 
-:func:`get_engine` returns the same :class:`Engine` for the same model and options, so every
+:func:`~vllm_inline.engine.get_engine` (:mod:`.registry`) returns the same :class:`Engine` for the same model and options, so every
 LangChain and LlamaIndex object on a model shares one engine and its continuous batching.
 :class:`Engine` is the facade over the stages (docs/architecture.md): it starts vLLM on first
 use (``life/``), checks each call (``request/``) and runs it on the engine's event-loop thread
@@ -10,13 +10,11 @@ use (``life/``), checks each call (``request/``) and runs it on the engine's eve
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from vllm_inline.engine.errors import EngineUnavailableError, ModelLoadError
+from vllm_inline.engine.errors import EngineUnavailableError
 from vllm_inline.engine.life import together
 from vllm_inline.engine.life.metrics import EngineStats
 from vllm_inline.engine.life.platform_defaults import Choice, PlatformDefaults
@@ -32,7 +30,7 @@ from vllm_inline.engine.seam.vllm_types import TokenizerLike
 from vllm_inline.engine.stream.deltas import Delta, coalesce
 from vllm_inline.engine.stream.generate import generate
 
-__all__ = ["Engine", "get_engine"]
+__all__ = ["Engine"]
 
 T = TypeVar("T")
 
@@ -57,6 +55,12 @@ class Engine:
         return f"Engine(model={self.model!r}, vllm_kwargs={self.vllm_kwargs!r}, {state})"
 
     # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def attached(self) -> bool:
+        """True when the engine runs in a host process of its own that this process attaches
+        to (``keep_alive``: :mod:`vllm_inline.engine.host`), False when it runs here."""
+        return False
 
     @property
     def started(self) -> bool:
@@ -148,9 +152,14 @@ class Engine:
         return self._started().media.multimodal
 
     @property
+    def model_defaults(self) -> dict[str, Any]:
+        """Sampling values of the model's ``generation_config.json`` (starts the engine)."""
+        return dict(self._started().model_defaults)
+
+    @property
     def default_sampling(self) -> dict[str, Any]:
         """Sampling values used when a call sets none: package defaults under the model's."""
-        return layer_sampling(DEFAULTS, self._started().model_defaults)
+        return layer_sampling(DEFAULTS, self.model_defaults)
 
     def stats(self) -> EngineStats:
         """A snapshot of the running engine: requests running and waiting, KV-cache usage,
@@ -372,28 +381,3 @@ def _render_options(prompt: Any, tools: Any, template: Any, kwargs: Any) -> dict
         "chat_template": template,
         "chat_template_kwargs": kwargs,
     }
-
-
-# -- the registry --------------------------------------------------------------------------
-
-_engines: dict[str, Engine] = {}
-_engines_lock = threading.Lock()
-
-
-def _key(model: str, vllm_kwargs: Mapping[str, Any]) -> str:
-    return json.dumps([str(model), dict(vllm_kwargs)], sort_keys=True, default=repr)
-
-
-def get_engine(model: str, **vllm_kwargs: Any) -> Engine:
-    """The process's :class:`Engine` for ``model`` and these ``AsyncEngineArgs`` options.
-
-    The same model and options return the same object. Nothing starts until first use.
-    """
-    if not isinstance(model, (str, os.PathLike)) or not str(model):
-        raise ModelLoadError(f"model={model!r} is invalid: pass a local path or a hub id.")
-    key = _key(os.fspath(model), vllm_kwargs)
-    with _engines_lock:
-        engine = _engines.get(key)
-        if engine is None:
-            engine = _engines[key] = Engine(os.fspath(model), vllm_kwargs)
-        return engine

@@ -27,7 +27,9 @@ ENGINE_LAYERS = (  # lowest first: each may import from itself and those before 
     ("request", ("vllm_inline.engine.request",)),
     ("stream", ("vllm_inline.engine.stream",)),
     ("pooling", ("vllm_inline.engine.pooling",)),
-    ("facade", ("vllm_inline.engine.engine", "vllm_inline.engine")),
+    ("facade", ("vllm_inline.engine.engine",)),
+    ("host", ("vllm_inline.engine.host",)),
+    ("registry", ("vllm_inline.engine.registry", "vllm_inline.engine")),
 )
 LIMITS = {
     "engine": 400,

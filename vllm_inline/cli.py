@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import __version__, serve
+from . import __version__, engines, serve
 from .testing import build_scripted_model
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ def demo_sampling(model_defaults: Mapping[str, Any]) -> tuple[dict[str, Any], st
 def demo(model: str | None) -> int:
     """Stream one answer from the engine, then the same through LangChain and LlamaIndex."""
     engine = _start_engine(model)
-    sampling, line = demo_sampling(engine.runtime.model_defaults)
+    sampling, line = demo_sampling(engine.model_defaults)
     print(line, flush=True)
     messages = [{"role": "user", "content": DEMO_QUESTION}]
     print(f"\n== vllm_inline.engine: {DEMO_QUESTION}")
@@ -146,7 +146,7 @@ def demo(model: str | None) -> int:
 def chat(model: str | None) -> int:
     """An interactive multi-turn chat; an empty line or EOF ends it."""
     engine = _start_engine(model)
-    sampling, line = demo_sampling(engine.runtime.model_defaults)
+    sampling, line = demo_sampling(engine.model_defaults)
     print(line, flush=True)
     messages: list[dict[str, Any]] = []
     print("Type a message (empty line to quit).")
@@ -246,7 +246,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)"
     )
+    help_text = "the host's engines (keep_alive): list them, stop them, load one ahead of time"
+    p = sub.add_parser("engines", help=help_text, description=help_text)
+    engines.add_arguments(p)
     args = parser.parse_args(argv)
+    if args.command == "engines":
+        return engines.run(args)
     if args.verbose:
         # The engine keeps vLLM at ERROR unless this is set (vllm_inline/engine/seam/vllm_quiet.py).
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")

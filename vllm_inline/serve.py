@@ -107,6 +107,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="take a request's mm_processor_kwargs and media_io_kwargs (as vllm serve's flag)",
     )
     parser.add_argument(
+        "--keep-alive",
+        help="serve from the host's engines (docs/host.md): each model loaded once per host, "
+        'shared with your notebooks and scripts, kept this long after the last user ("10m", '
+        "seconds, -1: until `engines stop`; default: $VLLMINLINE_KEEP_ALIVE, else the server's "
+        "own engines)",
+    )
+    parser.add_argument(
         "--workers",
         type=worker_count,
         default=1,
@@ -177,6 +184,11 @@ def serve(args: argparse.Namespace) -> int:
     except ImportError as e:
         print(f"serve needs the server extra: pip install 'vllm-inline[server]' ({e})")
         return 2
+    if getattr(args, "keep_alive", None) is not None:
+        from vllm_inline.engine.host.directory import KEEP_ALIVE_VARIABLE, parse_keep_alive
+
+        parse_keep_alive(args.keep_alive, "--keep-alive")
+        os.environ[KEEP_ALIVE_VARIABLE] = args.keep_alive  # every engine, in every worker
     if args.workers > 1:
         from vllm_inline.workers import run
 

@@ -85,7 +85,9 @@ def start_engines(
         raise ValueError(f"max_concurrent={max_concurrent!r} is invalid: pass 1 or more.")
     say = progress or logger.info
     failed = threading.Event()
-    plans = _plan([engine for engine in engines if not engine.started])
+    # An attached engine (keep_alive) is planned and measured in its host process, not here.
+    local = [e for e in engines if not e.started and not getattr(e, "attached", False)]
+    plans = _plan(local)
 
     def start(engine: E) -> None:
         if failed.is_set() or engine.started:  # another engine failed, or nothing to do

@@ -28,6 +28,7 @@ from pydantic import ConfigDict, Field, model_validator
 from typing_extensions import Self
 
 from vllm_inline.engine import Engine, get_engine
+from vllm_inline.engine.host.directory import parse_keep_alive
 from vllm_inline.engine.request.sampling import check_sampling
 
 from .batching import BatchAtOnce
@@ -90,6 +91,13 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
     vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Options for vLLM's engine (``dtype``, ``max_model_len``, ``tensor_parallel_size``, ...).
     Default ``{}``: vLLM's own defaults."""
+
+    keep_alive: str | int | float | None = None
+    """Load the model once per host: the engine runs in a process of its own that every process
+    of yours attaches to, and stays loaded this long after the last one is gone (``"10m"``,
+    ``"1h"``, seconds, ``0``: until the last process is gone, ``-1``: until ``python -m
+    vllm_inline engines stop``; docs/host.md). Default ``None``: ``$VLLMINLINE_KEEP_ALIVE``,
+    else the engine lives and dies with this process."""
 
     temperature: float | None = None
     """Sampling temperature in [0, 2]; 0 is greedy. Default ``None``: the model's
@@ -186,6 +194,7 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
                 )
                 raise ValueError(msg)
         check_sampling(self._instance_sampling())
+        parse_keep_alive(self.keep_alive)
         return self
 
     # -- identity ------------------------------------------------------------------------
@@ -226,7 +235,7 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
     @property
     def engine(self) -> Engine:
         """The shared engine for ``model`` and ``vllm_kwargs`` (looked up, not started)."""
-        return get_engine(self.model, **self.vllm_kwargs)
+        return get_engine(self.model, keep_alive=self.keep_alive, **self.vllm_kwargs)
 
     # -- token counts --------------------------------------------------------------------
 
@@ -282,7 +291,8 @@ class ChatVLLM(BatchAtOnce, BaseChatModel):
         model = kwargs.pop("model", None) or self.model
         wire = [convert_message_to_dict(m, f"messages[{i}]") for i, m in enumerate(messages)]
         request = request_kwargs(self._instance_request(), stop, kwargs)
-        return EngineCall(get_engine(model, **self.vllm_kwargs), model, wire, request)
+        engine = get_engine(model, keep_alive=self.keep_alive, **self.vllm_kwargs)
+        return EngineCall(engine, model, wire, request)
 
     def _stream(
         self,

@@ -18,6 +18,7 @@ from langchain_core.embeddings import Embeddings
 from pydantic import BaseModel, ConfigDict, Field
 
 from vllm_inline.engine import Engine, get_engine
+from vllm_inline.engine.host.directory import parse_keep_alive
 from vllm_inline.engine.pooling.embeddings import DEFAULT_BATCH_SIZE, check_embed_options
 
 __all__ = ["VLLMEmbeddings"]
@@ -47,6 +48,12 @@ class VLLMEmbeddings(BaseModel, Embeddings):
     vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Options for vLLM's ``AsyncEngineArgs`` (dtype, max_model_len, ...). ``runner`` defaults
     to ``"pooling"``. Default: ``{}``."""
+    keep_alive: str | int | float | None = None
+    """Load the model once per host: the engine runs in a process of its own that every process
+    of yours attaches to, and stays loaded this long after the last one is gone (``"10m"``,
+    ``"1h"``, seconds, ``0``: until the last process is gone, ``-1``: until ``python -m
+    vllm_inline engines stop``; docs/host.md). Default ``None``: ``$VLLMINLINE_KEEP_ALIVE``,
+    else the engine lives and dies with this process."""
     normalize: bool | None = None
     """L2-normalise the vectors; ``None`` keeps the model's own setting (sentence-transformers
     ``Normalize`` module or vLLM's default, which normalises). Default: ``None``."""
@@ -63,12 +70,14 @@ class VLLMEmbeddings(BaseModel, Embeddings):
             data.get("normalize"),
             data.get("batch_size", DEFAULT_BATCH_SIZE),
         )
+        parse_keep_alive(data.get("keep_alive"))
         super().__init__(**data)
 
     @property
     def engine(self) -> Engine:
         """The shared pooling engine for ``model`` and ``vllm_kwargs`` (starts nothing)."""
-        return get_engine(self.model, **{"runner": "pooling", **self.vllm_kwargs})
+        options = {"runner": "pooling", **self.vllm_kwargs}
+        return get_engine(self.model, keep_alive=self.keep_alive, **options)
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         """One vector per text, in order."""

@@ -20,6 +20,7 @@ from langchain_core.documents import BaseDocumentCompressor, Document
 from pydantic import ConfigDict, Field
 
 from vllm_inline.engine import BadRequestError, Engine, get_engine
+from vllm_inline.engine.host.directory import parse_keep_alive
 from vllm_inline.engine.pooling.scoring import DEFAULT_BATCH_SIZE, check_score_options, check_top_n
 
 __all__ = ["VLLMRerank"]
@@ -55,6 +56,12 @@ class VLLMRerank(BaseDocumentCompressor):
     vllm_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Options for vLLM's ``AsyncEngineArgs`` (dtype, max_model_len, ...). ``runner`` defaults
     to ``"pooling"``. Default: ``{}``."""
+    keep_alive: str | int | float | None = None
+    """Load the model once per host: the engine runs in a process of its own that every process
+    of yours attaches to, and stays loaded this long after the last one is gone (``"10m"``,
+    ``"1h"``, seconds, ``0``: until the last process is gone, ``-1``: until ``python -m
+    vllm_inline engines stop``; docs/host.md). Default ``None``: ``$VLLMINLINE_KEEP_ALIVE``,
+    else the engine lives and dies with this process."""
     top_n: int | None = 3
     """How many documents to return (the best ones); ``None`` returns them all, reordered.
     Default: ``3``."""
@@ -68,12 +75,14 @@ class VLLMRerank(BaseDocumentCompressor):
         # Bad options fail here, with the engine's typed error, before anything starts.
         check_score_options(data.get("truncate", False), data.get("batch_size", DEFAULT_BATCH_SIZE))
         check_top_n(data.get("top_n", 3))
+        parse_keep_alive(data.get("keep_alive"))
         super().__init__(**data)
 
     @property
     def engine(self) -> Engine:
         """The shared pooling engine for ``model`` and ``vllm_kwargs`` (starts nothing)."""
-        return get_engine(self.model, **{"runner": "pooling", **self.vllm_kwargs})
+        options = {"runner": "pooling", **self.vllm_kwargs}
+        return get_engine(self.model, keep_alive=self.keep_alive, **options)
 
     def compress_documents(
         self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None

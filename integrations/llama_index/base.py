@@ -32,6 +32,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.llm import ToolSelection
 
 from vllm_inline.engine import Engine, get_engine
+from vllm_inline.engine.host.directory import parse_keep_alive
 from vllm_inline.engine.request.sampling import DEFAULTS, check_sampling
 
 from .metadata import MultimodalLLMMetadata, takes_images
@@ -71,6 +72,14 @@ class VLLM(SchemaConstrainedLLM):
     vllm_kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Options for vLLM's AsyncEngineArgs (dtype, max_model_len, ...). Default: {}.",
+    )
+    keep_alive: str | int | float | None = Field(
+        default=None,
+        description="Load the model once per host: the engine runs in a process of its own that "
+        "every process of yours attaches to, and stays loaded this long after the last one is "
+        "gone ('10m', '1h', seconds, 0: until the last process is gone, -1: until `python -m "
+        "vllm_inline engines stop`; docs/host.md). Default: None ($VLLMINLINE_KEEP_ALIVE, else "
+        "the engine lives and dies with this process).",
     )
     temperature: float | None = Field(
         default=None, description="Sampling temperature. Default: None (model's default)."
@@ -142,6 +151,7 @@ class VLLM(SchemaConstrainedLLM):
         # Refuse bad sampling values with the engine's typed error, before anything starts.
         check_sampling({k: data[k] for k in SAMPLING_FIELDS if data.get(k) is not None})
         check_sampling(data.get("additional_kwargs") or {})
+        parse_keep_alive(data.get("keep_alive"))
         super().__init__(**data)
 
     @classmethod
@@ -154,7 +164,7 @@ class VLLM(SchemaConstrainedLLM):
     def engine(self) -> Engine:
         """The shared engine for ``model`` and ``vllm_kwargs`` (not started by reading this)."""
         if self._engine is None:
-            self._engine = get_engine(self.model, **self.vllm_kwargs)
+            self._engine = get_engine(self.model, keep_alive=self.keep_alive, **self.vllm_kwargs)
         return self._engine
 
     def _known_context_window(self) -> int | None:

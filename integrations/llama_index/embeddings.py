@@ -17,6 +17,7 @@ from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.bridge.pydantic import Field
 
 from vllm_inline.engine import Engine, get_engine
+from vllm_inline.engine.host.directory import parse_keep_alive
 from vllm_inline.engine.pooling.embeddings import DEFAULT_BATCH_SIZE, check_embed_options
 
 __all__ = ["VLLMEmbedding"]
@@ -41,6 +42,14 @@ class VLLMEmbedding(BaseEmbedding):
         description="Options for vLLM's AsyncEngineArgs (dtype, max_model_len, ...); runner "
         "defaults to 'pooling'. Default: {}.",
     )
+    keep_alive: str | int | float | None = Field(
+        default=None,
+        description="Load the model once per host: the engine runs in a process of its own that "
+        "every process of yours attaches to, and stays loaded this long after the last one is "
+        "gone ('10m', '1h', seconds, 0: until the last process is gone, -1: until `python -m "
+        "vllm_inline engines stop`; docs/host.md). Default: None ($VLLMINLINE_KEEP_ALIVE, else "
+        "the engine lives and dies with this process).",
+    )
     normalize: bool | None = Field(
         default=None,
         description="L2-normalise the vectors; None keeps the model's setting. Default: None.",
@@ -64,6 +73,7 @@ class VLLMEmbedding(BaseEmbedding):
             data.get("normalize"),
             data.get("batch_size", DEFAULT_BATCH_SIZE),
         )
+        parse_keep_alive(data.get("keep_alive"))
         data.setdefault("model_name", data.get("model"))
         # LlamaIndex's default of 10 texts per call would serialise what vLLM can batch.
         data.setdefault("embed_batch_size", _EMBED_BATCH_SIZE)
@@ -76,7 +86,8 @@ class VLLMEmbedding(BaseEmbedding):
     @property
     def engine(self) -> Engine:
         """The shared pooling engine for ``model`` and ``vllm_kwargs`` (starts nothing)."""
-        return get_engine(self.model, **{"runner": "pooling", **self.vllm_kwargs})
+        options = {"runner": "pooling", **self.vllm_kwargs}
+        return get_engine(self.model, keep_alive=self.keep_alive, **options)
 
     def _get_query_embedding(self, query: str) -> Embedding:
         return self.engine.embed([query], **self._options())[0]

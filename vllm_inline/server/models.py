@@ -88,7 +88,7 @@ class ServedModels:
         data = []
         created = int(time.time())
         for model in self.all:
-            runtime = model.engine.runtime if model.engine.started else None
+            started = model.engine.started
             data.append(
                 {
                     "id": model.name,
@@ -97,7 +97,7 @@ class ServedModels:
                     "owned_by": "vllm",
                     "root": model.engine.model,
                     "parent": None,
-                    "max_model_len": runtime.max_model_len if runtime is not None else None,
+                    "max_model_len": model.engine.max_model_len if started else None,
                     "permission": [_permission(created)],
                 }
             )

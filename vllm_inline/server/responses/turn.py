@@ -120,7 +120,7 @@ def reported_sampling(served: ServedModel, kwargs: Mapping[str, Any]) -> dict[st
     """The sampling values a response reports: the request's, else the model's
     ``generation_config``, else vLLM's defaults; ``max_output_tokens`` the request's, else the
     engine's default cap."""
-    defaults = served.engine.runtime.model_defaults if served.engine.started else {}
+    defaults = served.engine.model_defaults if served.engine.started else {}
     layered = {"temperature": 1.0, "top_p": 1.0, "presence_penalty": 0.0,
                "frequency_penalty": 0.0, **defaults}  # fmt: skip
     for key in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
