@@ -104,8 +104,9 @@ test-wheel: install
 	rm -rf $(WHEEL_RUN)
 
 # Tests that start engine processes of their own (tensor/pipeline/data parallel, multi-node data
-# parallel on 127.0.0.1, Ray Serve replicas, engine restarts and deaths, stats off): half a
-# minute to minutes each, so kept out of `make test`.
+# parallel on 127.0.0.1, Ray Serve replicas, engine restarts and deaths, stats off, apps that
+# end without a shutdown, host engines shared by processes): half a minute to minutes each, so
+# kept out of `make test`.
 test-parallel: install
 	$(PY) -m pip install -q -e ".[ray]"
 	$(PY) -m pytest -m parallel tests/parallel $(PYTEST_ARGS)
@@ -210,6 +211,7 @@ bench: install
 	$(PY) benchmarks/rerank.py
 	$(PY) benchmarks/rag.py $(RAG_ARGS)
 	$(PY) benchmarks/gpu_sim.py
+	$(PY) benchmarks/host_engine.py
 
 # `make bench-compare REF=2781d6f`: this tree against another version of vllm-inline (a git ref,
 # checked out into a worktree), paired runs on the same engine options (benchmarks/compare.py).
