@@ -48,6 +48,10 @@ def get_engine(model: str, *, keep_alive: Any = None, **vllm_kwargs: Any) -> Eng
     key = _key(name, vllm_kwargs, seconds is not None)
     with _engines_lock:
         engine = _engines.get(key)
+        if engine is not None and seconds is not None and keep_alive is not None:
+            set_keep_alive = getattr(engine, "set_keep_alive", None)
+            if set_keep_alive is not None:  # the latest asked for wins, as in Ollama
+                set_keep_alive(keep_alive)
         if engine is None:
             if seconds is None:
                 engine = Engine(name, vllm_kwargs)

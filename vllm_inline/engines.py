@@ -12,6 +12,7 @@ Imports neither torch nor vLLM: the engines run in their own processes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ import time
 from typing import Any
 
 from vllm_inline.engine.host import directory as files
-from vllm_inline.engine.host.attach import normalized_model, observe
+from vllm_inline.engine.host.attach import normalized_model, observe, stop_owner
 
 __all__ = ["add_arguments", "run"]
 
@@ -126,22 +127,22 @@ def stop(model: str | None, everything: bool = False) -> int:
     if not records:
         print(f"No host engine for {model!r}." if model else "No host engines.", file=sys.stderr)
         return 1
-    for record in records:
+    for record in records:  # all at once: each mostly waits for its engine's processes
         if record.alive:
-            os.kill(record.pid, signal.SIGTERM)
-    deadline = time.monotonic() + _STOP_WAIT_S
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(record.pid, signal.SIGTERM)
+    status = 0
     for record in records:
-        while record.alive and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if record.alive:
+        if not stop_owner(record.pid, record.start, _STOP_WAIT_S, signal_it=False):
             print(f"{record.model} (pid {record.pid}) did not stop in {_STOP_WAIT_S:g} s")
-            return 1
+            status = 1
+            continue
         if files.key_of(directory, record.key) == record:  # its owner was killed: its files
             with files.locked(directory, record.key):
                 if files.key_of(directory, record.key) == record:
                     files.remove_files(directory, record.key)
         print(f"stopped {record.model} (pid {record.pid})")
-    return 0
+    return status
 
 
 def start(model: str, keep_alive: str, vllm_kwargs: dict[str, Any]) -> int:

@@ -24,16 +24,23 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_inline.engine.errors import EngineDeadError, ModelLoadError
+from vllm_inline.engine.errors import (
+    BadRequestError,
+    EngineDeadError,
+    EngineUnavailableError,
+    ModelLoadError,
+)
 from vllm_inline.engine.host import directory as files
 from vllm_inline.engine.host import wire
 from vllm_inline.engine.host.status import versions
-from vllm_inline.engine.seam.ipc_directory import owner_alive, process_start
+from vllm_inline.engine.seam.ipc_directory import owner_alive
 
 __all__ = ["attach", "normalized_model", "observe", "stop_owner"]
 
 _LAUNCH_WAIT_S = 60.0
 """How long a launched owner may take to listen (it imports the package, not vLLM)."""
+_GREETING_S = 30.0
+"""How long the greeting may take (the engine's start is waited for apart)."""
 _NOT_INHERITED = (
     files.KEEP_ALIVE_VARIABLE,  # the owner's engine is an engine of its own
     "VLLMINLINE_GROUP",  # group.ADDRESS_VARIABLE: a worker's group is not the owner's
@@ -58,7 +65,7 @@ def attach(
     key = files.engine_key(model, options)
     secret = files.secret(directory)
     mine = versions()
-    for attempt in (1, 2):
+    for attempt in (1, 2, 3):
         with files.locked(directory, key):
             record = files.key_of(directory, key)
             if record is not None and not record.alive:  # killed: its files stayed
@@ -70,9 +77,13 @@ def attach(
                 record = _launch(directory, key, model, options, keep_alive)
         try:
             return _greet(directory, record, secret, mine, keep_alive)
-        except (ConnectionError, EOFError):
-            if attempt == 2:  # it stopped as we came, twice
-                raise
+        except (OSError, EOFError, ValueError) as e:  # refused, gone, cut: it is stopping
+            if attempt == 3:
+                raise EngineUnavailableError(
+                    f"The host engine for {model!r} (pid {record.pid}) did not answer: {e!r}. "
+                    f"Its log: {os.path.join(directory, f'{key}.log')}"
+                ) from e
+            stop_owner(record.pid, record.start, signal_it=False)  # wait until it is gone
     raise AssertionError("unreachable")
 
 
@@ -86,27 +97,37 @@ def _launch(
         "options": dict(options),
         "keep_alive": keep_alive,
     }
+    try:
+        text = json.dumps(spec)
+    except TypeError as e:
+        raise BadRequestError(
+            f"vllm_kwargs={dict(options)!r} cannot go to a host engine: its values must be "
+            f"JSON (strings, numbers, lists, dicts) ({e}). Leave keep_alive unset to pass "
+            "objects to an engine of this process.",
+            parameter="vllm_kwargs",
+            value=dict(options),
+        ) from e
     environment = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
     log_path = os.path.join(directory, f"{key}.log")
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as log:
         launcher = subprocess.Popen(
-            [sys.executable, "-m", "vllm_inline.engine.host.owner", json.dumps(spec)],
-            stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "vllm_inline.engine.host.owner"],
+            stdin=subprocess.PIPE,
             stdout=log,
             stderr=log,
             env=environment,
         )
-    launcher.wait()  # it forks the owner and exits at once
+        launcher.communicate(text.encode())  # it forks the owner and exits at once
     deadline = time.monotonic() + _LAUNCH_WAIT_S
-    while time.monotonic() < deadline:
+    while launcher.returncode == 0 and time.monotonic() < deadline:
         record = files.key_of(directory, key)
         if record is not None and record.alive:
             return record
         time.sleep(0.02)
     raise ModelLoadError(
-        f"The host engine for {model!r} did not start listening within {_LAUNCH_WAIT_S:g} s. "
-        f"Its log ({log_path}): {_tail(log_path)}"
+        f"The host engine for {model!r} did not start listening (launcher status "
+        f"{launcher.returncode}). Its log ({log_path}): {_tail(log_path)}"
     )
 
 
@@ -119,15 +140,17 @@ def _greet(
 ) -> tuple[socket.socket, dict[str, Any]]:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
+        sock.settimeout(_GREETING_S)
         sock.connect(os.path.join(directory, f"{record.key}.sock"))
-        kind, _, challenge = wire.read_frame_blocking(sock)
+        challenge = bytes.fromhex(wire.read_json_blocking(sock)["challenge"])
         hello = {
             "pid": os.getpid(),
             "versions": mine,
-            "keep_alive": keep_alive,
-            "proof": wire.proof(secret, challenge),
+            "keep_alive": keep_alive if keep_alive != float("inf") else -1,
+            "proof": wire.proof(secret, challenge).hex(),
         }
-        sock.sendall(wire.frame(("hello", 0, hello)))
+        sock.sendall(wire.frame_json(hello))
+        sock.settimeout(None)
         # The engine may take minutes to start: its owner is watched meanwhile.
         while not select.select([sock], [], [], 1.0)[0]:
             if not record.alive:
@@ -158,27 +181,25 @@ def observe(directory: str, record: files.Record) -> dict[str, Any]:
     time runs on): :meth:`.owner.Owner.status`."""
     secret = files.secret(directory)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(10)
+        sock.settimeout(_GREETING_S)
         sock.connect(os.path.join(directory, f"{record.key}.sock"))
-        _, _, challenge = wire.read_frame_blocking(sock)
+        challenge = bytes.fromhex(wire.read_json_blocking(sock)["challenge"])
         hello = {"observe": True, "pid": os.getpid(), "versions": versions()}
-        hello["proof"] = wire.proof(secret, challenge)
-        sock.sendall(wire.frame(("hello", 0, hello)))
+        hello["proof"] = wire.proof(secret, challenge).hex()
+        sock.sendall(wire.frame_json(hello))
         kind, _, payload = wire.read_frame_blocking(sock)
     if kind == "error":
         raise wire.exception_from_wire(payload)
     return dict(payload)
 
 
-def stop_owner(pid: int, timeout: float = 60.0) -> bool:
-    """Stop the host engine whose owner is ``pid`` (SIGTERM: it ends its attached processes'
-    streams, stops the engine and removes its files) and wait until it is gone; ``False`` if
-    it still runs after ``timeout`` seconds."""
-    start = process_start(pid)
-    if not start:
-        return True
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
+def stop_owner(pid: int, start: int, timeout: float = 60.0, *, signal_it: bool = True) -> bool:
+    """Stop the host engine whose owner is ``pid`` started at ``start`` (SIGTERM: it ends its
+    attached processes' streams, stops the engine and removes its files) and wait until it is
+    gone (``signal_it=False``: only wait); ``False`` if it still runs after ``timeout``."""
+    if signal_it and owner_alive(pid, start):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while owner_alive(pid, start):
         if time.monotonic() > deadline:

@@ -18,15 +18,15 @@ when it is first read.
 from __future__ import annotations
 
 import asyncio
-import atexit
+import os
 import threading
-import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 from vllm_inline.engine.engine import Engine
 from vllm_inline.engine.errors import EngineUnavailableError
 from vllm_inline.engine.host.attach import attach, stop_owner
+from vllm_inline.engine.host.directory import parse_keep_alive
 from vllm_inline.engine.host.link import Link
 from vllm_inline.engine.life.metrics import EngineStats
 from vllm_inline.engine.life.platform_defaults import Choice, PlatformDefaults
@@ -73,7 +73,6 @@ class AttachedEngine(Engine):
                 sock, info = attach(self.model, self.vllm_kwargs, self.keep_alive)
                 name = f"vllm-inline-host:{self.model.rstrip('/').rsplit('/', 1)[-1]}"
                 self._link = Link(sock, info, name)
-                _detach_at_exit(self)
             return self._link
 
     async def _alinked(self) -> Link:
@@ -112,8 +111,20 @@ class AttachedEngine(Engine):
         link = self._link
         self.shutdown()
         if link is not None:
-            stop_owner(int(link.info["pid"]))
+            stop_owner(int(link.info["pid"]), int(link.info["start"]))
         return self.start()
+
+    def set_keep_alive(self, keep_alive: Any) -> None:
+        """Ask for another ``keep_alive`` (Ollama's values); the latest a process asks for is
+        the host engine's. Sent now when attached, else with the greeting."""
+        seconds = parse_keep_alive(keep_alive)
+        if seconds is None or seconds == self.keep_alive:
+            return
+        self.keep_alive = seconds
+        link = self._link
+        if link is not None and link.lost is None:
+            value = -1 if seconds == float("inf") else seconds
+            link.loop.run(link.call("keep_alive", value), instead="set_keep_alive(...)")
 
     # -- what the engine decided ----------------------------------------------------------
 
@@ -190,7 +201,8 @@ class AttachedEngine(Engine):
     # -- requests --------------------------------------------------------------------------
 
     def _check(self, messages: Any, options: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
-        """Refuse bad arguments here, before anything is sent (as in-process)."""
+        """Refuse bad arguments here, before anything is sent (as in-process); a LoRA
+        adapter's directory is sent absolute (the host runs in another directory)."""
         link = self._link
         limit = int(link.info["max_model_len"]) if link is not None else None
         build_request(
@@ -200,7 +212,13 @@ class AttachedEngine(Engine):
             max_model_len=limit,
             engine_options=self.vllm_kwargs,
         )
-        return messages, dict(options)
+        options = dict(options)
+        lora = options.get("lora")
+        if isinstance(lora, str) and os.path.isdir(lora):
+            options["lora"] = os.path.abspath(lora)
+        elif isinstance(lora, (tuple, list)) and len(lora) == 2 and os.path.isdir(str(lora[1])):
+            options["lora"] = (lora[0], os.path.abspath(str(lora[1])))
+        return messages, options
 
     def astream(
         self, messages: Sequence[Mapping[str, Any]] | None = None, **kwargs: Any
@@ -314,30 +332,6 @@ class AttachedEngine(Engine):
             _render(prompt, tools, chat_template, chat_template_kwargs, prompt_options),
         )
         return self._call("prompt_token_ids", payload, "engine.aprompt_token_ids(...)")  # type: ignore[no-any-return]
-
-
-_attached: weakref.WeakSet[AttachedEngine] = weakref.WeakSet()
-_attached_lock = threading.Lock()
-_exit_registered = False
-
-
-def _detach_at_exit(engine: AttachedEngine) -> None:
-    """Detach ``engine`` when the interpreter exits: the host engine sees this process go
-    at once (as it would at its end), and the connection's reader ends in order."""
-    global _exit_registered
-    with _attached_lock:
-        if not _exit_registered:
-            atexit.register(_detach_all)
-            _exit_registered = True
-        _attached.add(engine)
-
-
-def _detach_all() -> None:
-    with _attached_lock:
-        engines = list(_attached)
-        _attached.clear()
-    for engine in engines:
-        engine.shutdown()
 
 
 def _options(

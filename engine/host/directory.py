@@ -7,8 +7,7 @@ holds while it looks for the engine and starts it. ``key`` names the model and t
 other options another. ``key`` (a file, 0600) is the secret every process of the user proves
 itself with when it attaches (:mod:`.wire`).
 
-The directory is ``$VLLMINLINE_HOST_DIR``, else ``$XDG_RUNTIME_DIR/vllm-inline`` (a per-user
-tmpfs that the login session removes), else ``<tmp>/vllm-inline-host-<uid>``; mode 0700,
+The directory is ``$VLLMINLINE_HOST_DIR``, else ``<tmp>/vllm-inline-host-<uid>``; mode 0700,
 refused when another user owns it or others may enter it: only its user's processes attach.
 No TCP port is opened anywhere.
 
@@ -114,13 +113,11 @@ def engine_key(model: str, options: Mapping[str, Any]) -> str:
 def host_directory(create: bool = True) -> str:
     """The user's host directory (see the module docstring); made 0700 when missing. Raises
     :class:`ModelLoadError` when it is not private to this user."""
-    path = os.environ.get(DIRECTORY_VARIABLE)
-    if not path:
-        runtime = os.environ.get("XDG_RUNTIME_DIR")
-        if runtime and os.path.isdir(runtime) and os.access(runtime, os.W_OK):
-            path = os.path.join(runtime, "vllm-inline")
-        else:
-            path = os.path.join(tempfile.gettempdir(), f"vllm-inline-host-{os.getuid()}")
+    # One place for every process of the user, whatever its environment: $XDG_RUNTIME_DIR, set
+    # in a login session and not in cron, a container or a service, would split them.
+    path = os.environ.get(DIRECTORY_VARIABLE) or os.path.join(
+        tempfile.gettempdir(), f"vllm-inline-host-{os.getuid()}"
+    )
     if create:
         with contextlib.suppress(FileExistsError):
             os.mkdir(path, 0o700)
@@ -139,14 +136,25 @@ def host_directory(create: bool = True) -> str:
 
 
 def secret(directory: str) -> bytes:
-    """The user's key for attaching (made once, mode 0600)."""
+    """The user's key for attaching (32 bytes, mode 0600, made once: written whole under
+    another name, then linked into place, so that a process never reads half of it)."""
     path = os.path.join(directory, "key")
-    with contextlib.suppress(FileExistsError):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    if not os.path.exists(path):
+        temporary = os.path.join(directory, f"key.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(secrets.token_bytes(32))
+        with contextlib.suppress(FileExistsError):
+            os.link(temporary, path)  # fails when another process was first: its key wins
+        os.unlink(temporary)
+    info = os.lstat(path)
     with open(path, "rb") as f:
-        return f.read()
+        key = f.read()
+    if len(key) != 32 or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise ModelLoadError(
+            f"{path} is not this user's host key (32 bytes, mode 0600): remove it and try again."
+        )
+    return key
 
 
 @contextlib.contextmanager
@@ -212,10 +220,20 @@ def key_of(directory: str, key: str) -> Record | None:
             data = json.load(f)
     except (FileNotFoundError, ValueError):
         return None
-    data["keep_alive"] = parse_keep_alive(data.get("keep_alive", "0"))
+    # Another version's record has other fields: what is needed to find its owner and refuse
+    # it by its versions is read, the rest left.
     try:
-        return Record(**data)
-    except TypeError:  # another version's record: treated as unknown
+        return Record(
+            key=str(data.get("key", key)),
+            model=str(data["model"]),
+            options=dict(data.get("options") or {}),
+            pid=int(data["pid"]),
+            start=int(data["start"]),
+            versions=dict(data.get("versions") or {}),
+            keep_alive=parse_keep_alive(data.get("keep_alive", "0")) or 0.0,
+            started_at=float(data.get("started_at", 0.0)),
+        )
+    except (KeyError, TypeError, ValueError):
         return None
 
 

@@ -20,10 +20,11 @@ from typing import Any
 
 from vllm_inline.engine.engine import Engine
 from vllm_inline.engine.host import wire
+from vllm_inline.engine.life.runtime import Runtime
 from vllm_inline.engine.request.request import build_request
 from vllm_inline.engine.stream.generate import generate
 
-__all__ = ["Connection", "serve", "stop_all"]
+__all__ = ["Call", "Connection", "serve", "stop_all"]
 
 HIGH_WATER = 4 << 20
 """Bytes queued to one process past which its streams wait for the socket (a reader that
@@ -63,19 +64,25 @@ class Connection:
         task.add_done_callback(lambda _: self.tasks.pop(request_id, None))
 
 
+Call = Callable[[Any], Awaitable[Any]]
+"""A request the host answers: its payload in, its result out."""
+
+
 async def serve(
     engine: Engine,
+    runtime: Runtime,
     sock: socket.socket,
     pid: int,
     live: set[Connection],
-    status: Callable[[], dict[str, Any]],
+    more: dict[str, Call],
 ) -> None:
-    """Serve the process ``pid`` on ``sock`` until it goes (on the engine loop)."""
+    """Serve the process ``pid`` on ``sock`` until it goes (on ``runtime``'s loop, the started
+    ``engine``'s); ``more``: the requests the host answers itself (status, keep_alive)."""
     sock.setblocking(False)
     reader, writer = await asyncio.open_unix_connection(sock=sock, limit=1 << 24)
     connection = Connection(pid, writer)
     live.add(connection)
-    calls = _calls(engine, status)
+    calls = {**_calls(engine), **more}
     try:
         while True:
             op, request_id, payload = await wire.read_frame(reader)
@@ -84,7 +91,7 @@ async def serve(
                 if task is not None:
                     task.cancel()
                 continue
-            job = _job(engine, calls, connection, op, request_id, payload)
+            job = _job(engine, runtime, calls, connection, op, request_id, payload)
             connection.track(request_id, asyncio.ensure_future(job))
     except (asyncio.IncompleteReadError, ConnectionError):
         pass  # the process ended, crashed or was killed
@@ -105,7 +112,8 @@ async def stop_all(live: set[Connection]) -> None:
 
 async def _job(
     engine: Engine,
-    calls: dict[str, Callable[[Any], Awaitable[Any]]],
+    runtime: Runtime,
+    calls: dict[str, Call],
     connection: Connection,
     op: str,
     request_id: int,
@@ -118,10 +126,10 @@ async def _job(
                 messages,
                 kwargs,
                 adapters=engine.adapters,
-                max_model_len=engine.max_model_len,
+                max_model_len=runtime.max_model_len,
                 engine_options=engine.vllm_kwargs,
             )
-            async for delta in generate(engine.runtime, request):
+            async for delta in generate(runtime, request):
                 connection.send(("delta", request_id, delta))
                 await connection.room()
             connection.send(("end", request_id, None))
@@ -136,9 +144,7 @@ async def _job(
         connection.send(("error", request_id, wire.exception_to_wire(e)))
 
 
-def _calls(
-    engine: Engine, status: Callable[[], dict[str, Any]]
-) -> dict[str, Callable[[Any], Awaitable[Any]]]:
+def _calls(engine: Engine) -> dict[str, Call]:
     async def embed(payload: Any) -> Any:
         texts, kwargs = payload
         return await engine.aembed(texts, **kwargs)
@@ -157,14 +163,10 @@ def _calls(
     async def unfinished(_: Any) -> Any:
         return engine.num_unfinished_requests()
 
-    async def host_status(_: Any) -> Any:
-        return status()
-
     return {
         "embed": embed,
         "score": score,
         "prompt_token_ids": prompt_token_ids,
         "stats": stats,
         "unfinished": unfinished,
-        "status": host_status,
     }

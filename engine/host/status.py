@@ -40,6 +40,7 @@ def engine_info(engine: Any, record: Any) -> dict[str, Any]:
         "accepts_images": engine.accepts_images,
         "template_source": runtime.template.source,
         "pid": record.pid,
+        "start": record.start,
     }
 
 

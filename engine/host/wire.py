@@ -1,14 +1,14 @@
 """What an attached process and its host engine say to each other over the engine's Unix socket.
 
-Frames are a 4-byte length and a pickle: requests as ``(op, id, payload)`` from the process,
-answers as ``(kind, id, payload)`` from the engine (``"deltas"`` with a list of
-:class:`~vllm_inline.engine.stream.deltas.Delta`, ``"result"``, ``"error"``, ``"end"``). Pickle,
-because what crosses is the engine's own API (deltas, options, image bytes, typed errors) and both
-ends are the same user's processes of the same vllm-inline version: the socket lives in a 0700
-directory, the engine checks the peer's uid (``SO_PEERCRED``), and the process proves it holds
-the user's key (an HMAC of the engine's challenge) before anything is unpickled past the
-greeting. Why not HTTP: no port, no JSON round trip of every token, the engine's typed errors
-kept (docs/host.md).
+Frames are a 4-byte length and a body. The greeting is JSON: the engine's challenge, the
+process's answer (an HMAC of it with the user's key), its versions. After it, pickles: requests
+as ``(op, id, payload)`` from the process, answers as ``(kind, id, payload)`` from the engine
+(``"delta"`` with a :class:`~vllm_inline.engine.stream.deltas.Delta`, ``"result"``,
+``"error"``, ``"end"``). Pickle, because what crosses is the engine's own API (deltas, options,
+image bytes, typed errors) between the same user's processes of the same vllm-inline version,
+and only once the process has proven it holds the key: the socket lives in a 0700 directory and
+the engine checks the peer's uid (``SO_PEERCRED``) first. Why not HTTP: no port, no JSON of
+every token, the engine's typed errors kept (docs/host.md).
 
 Standard library only.
 """
@@ -19,6 +19,7 @@ import asyncio
 import builtins
 import hashlib
 import hmac
+import json
 import pickle
 import socket
 import struct
@@ -27,14 +28,18 @@ from typing import Any
 from vllm_inline.engine import errors
 
 __all__ = [
+    "MAX_GREETING",
     "PROTOCOL",
     "exception_from_wire",
     "exception_to_wire",
     "frame",
+    "frame_json",
     "peer",
     "proof",
     "read_frame",
     "read_frame_blocking",
+    "read_json",
+    "read_json_blocking",
 ]
 
 PROTOCOL = "1"
@@ -42,7 +47,7 @@ PROTOCOL = "1"
 
 _LENGTH = struct.Struct("!I")
 MAX_GREETING = 64 * 1024
-"""The largest frame an engine reads before the process has proven itself."""
+"""The largest greeting an engine reads before the process has proven itself."""
 
 
 def frame(message: Any) -> bytes:
@@ -51,13 +56,33 @@ def frame(message: Any) -> bytes:
     return _LENGTH.pack(len(body)) + body
 
 
-async def read_frame(reader: asyncio.StreamReader, limit: int | None = None) -> Any:
-    """The next frame's message (``IncompleteReadError`` at the end of the stream); a frame
-    longer than ``limit`` raises ``ValueError`` before it is read."""
+async def read_frame(reader: asyncio.StreamReader) -> Any:
+    """The next frame's message (``IncompleteReadError`` at the end of the stream)."""
     (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
-    if limit is not None and length > limit:
-        raise ValueError(f"a frame of {length} bytes before the greeting")
     return pickle.loads(await reader.readexactly(length))
+
+
+def frame_json(message: Any) -> bytes:
+    """``message`` as one JSON frame: the greeting, read before the peer has proven itself,
+    is never unpickled."""
+    body = json.dumps(message).encode()
+    return _LENGTH.pack(len(body)) + body
+
+
+async def read_json(reader: asyncio.StreamReader, limit: int = MAX_GREETING) -> Any:
+    """The next JSON frame (``ValueError`` past ``limit`` bytes or when it is no JSON)."""
+    (length,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+    if length > limit:
+        raise ValueError(f"a greeting of {length} bytes")
+    return json.loads(await reader.readexactly(length))
+
+
+def read_json_blocking(sock: socket.socket, limit: int = MAX_GREETING) -> Any:
+    """:func:`read_json` from a blocking socket."""
+    (length,) = _LENGTH.unpack(_read_exactly(sock, _LENGTH.size))
+    if length > limit:
+        raise ValueError(f"a greeting of {length} bytes")
+    return json.loads(_read_exactly(sock, length))
 
 
 def read_frame_blocking(sock: socket.socket) -> Any:

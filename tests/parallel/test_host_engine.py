@@ -263,6 +263,32 @@ def test_three_processes_at_once_get_the_answers_of_an_in_process_engine(
     assert len(cores) == 6, describe(cores)  # one copy of each model's weights on the host
 
 
+def test_a_process_without_the_key_is_turned_away_and_the_latest_keep_alive_wins(
+    host: Host, spec: dict[str, Any]
+) -> None:
+    import socket
+
+    from vllm_inline.engine.host import wire
+    from vllm_inline.engine.host.status import versions
+
+    record = host.record_of(spec["chat"], CHAT_KWARGS)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(str(host.directory / f"{record.key}.sock"))
+        assert set(wire.read_json_blocking(sock)) == {"challenge"}
+        hello = {"pid": os.getpid(), "versions": versions(), "proof": "00" * 32}
+        sock.sendall(wire.frame_json(hello))
+        assert sock.recv(1) == b""  # closed: nothing was answered, nothing unpickled
+    engine = get_engine(spec["chat"], keep_alive="-1", **CHAT_KWARGS).start()
+    assert engine.host_status()["keep_alive"] == float("inf")
+    assert get_engine(spec["chat"], keep_alive="7m", **CHAT_KWARGS) is engine  # asked again
+    assert engine.host_status()["keep_alive"] == 420.0
+    assert host.record_of(spec["chat"], CHAT_KWARGS).keep_alive == 420.0
+    engine.set_keep_alive(-1)  # the module's later tests want it until stopped
+    assert engine.host_status()["keep_alive"] == float("inf")
+    engine.shutdown()
+
+
 def _unfinished(engine: Any, want: int, within: float) -> float:
     began = time.monotonic()
     while engine.num_unfinished_requests() != want:
