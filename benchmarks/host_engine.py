@@ -112,21 +112,9 @@ def _pss(pids: list[int]) -> int:
 
 def _tree(pid: int) -> list[int]:
     """``pid`` and every process below it (``/proc``)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(parent, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        out.append(current)
-        todo.extend(children.get(current, ()))
-    return out
+    from vllm_inline.engine.host.status import tree
+
+    return tree(pid)
 
 
 def _cpu_seconds(pids: list[int]) -> float:
@@ -241,8 +229,11 @@ def memory(model: str, kwargs: dict[str, Any], env: dict[str, str]) -> None:
     _stop_host(env)
     serve_pss = None
     port = free_port()
-    with tempfile.NamedTemporaryFile(suffix=".log") as log:
-        server = start_server(model, port, kwargs, pathlib.Path(log.name))
+    # vLLM leaves its IPC socket files behind (docs/deployment.md): in a directory of its own.
+    with tempfile.TemporaryDirectory(prefix="vllm-serve-") as scratch:
+        log = pathlib.Path(scratch) / "server.log"
+        scratch_env = {"VLLM_RPC_BASE_PATH": scratch, "TMPDIR": scratch}
+        server = start_server(model, port, kwargs, log, env=scratch_env)
         try:
             wait_healthy(f"http://127.0.0.1:{port}/health", server, timeout=300)
             clients = [_openai_client(port, model, env) for _ in range(3)]

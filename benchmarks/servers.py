@@ -53,13 +53,14 @@ def start_server(
     options: dict[str, Any],
     log_path: pathlib.Path,
     extra: list[str] | tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start vLLM's OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``,
     what ``vllm serve`` runs) for ``model`` on 127.0.0.1:``port`` with ``options`` as flags and
     ``extra`` flags after them; its output goes to ``log_path``. Stop it with :func:`stop_server`.
 
     It gets the environment this script started with (:data:`USER_ENV`; only the log level
-    differs), and its own process group (so that :func:`stop_server` can signal the server and
+    differs, and ``env`` on top), and its own process group (so that :func:`stop_server` can signal the server and
     its engine processes together) but this session: a new session is a new scheduler autogroup
     on Linux, and the kernel then shares the CPUs between the server's session, whose engine
     core and worker busy-poll, and this client's, so the client waited on the run queue at
@@ -78,10 +79,13 @@ def start_server(
         *cli_flags(options),
         *extra,
     ]
-    env = {**USER_ENV, "VLLM_LOGGING_LEVEL": "WARNING"}
     with open(log_path, "wb") as server_log:
         return subprocess.Popen(
-            cmd, stdout=server_log, stderr=subprocess.STDOUT, process_group=0, env=env
+            cmd,
+            stdout=server_log,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+            env={**USER_ENV, "VLLM_LOGGING_LEVEL": "WARNING", **(env or {})},
         )
 
 

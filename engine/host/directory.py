@@ -35,6 +35,7 @@ from vllm_inline.engine.seam.ipc_directory import owner_alive, process_start
 
 __all__ = [
     "DIRECTORY_VARIABLE",
+    "KEEP_ALIVE_HELP",
     "KEEP_ALIVE_VARIABLE",
     "Record",
     "engine_key",
@@ -54,6 +55,14 @@ DIRECTORY_VARIABLE = "VLLMINLINE_HOST_DIR"
 """The host directory, where the default (below) does not suit."""
 KEEP_ALIVE_VARIABLE = "VLLMINLINE_KEEP_ALIVE"
 """``keep_alive`` for every engine of a process that sets none (a notebook, a shell)."""
+KEEP_ALIVE_HELP = (
+    "Load the model once per host: the engine runs in a process of its own that every process "
+    "of yours attaches to, and stays loaded this long after the last one is gone ('10m', '1h', "
+    "seconds, 0: until the last process is gone, -1: until `python -m vllm_inline engines "
+    "stop`; docs/host.md). Default: None ($VLLMINLINE_KEEP_ALIVE, else the engine lives and "
+    "dies with this process)."
+)
+"""What ``keep_alive`` means, for the classes' field descriptions."""
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}

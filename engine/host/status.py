@@ -12,7 +12,7 @@ from typing import Any
 from vllm_inline.engine.host.wire import PROTOCOL
 from vllm_inline.engine.seam.versions import installed_vllm
 
-__all__ = ["engine_info", "tree_memory", "versions"]
+__all__ = ["engine_info", "tree", "tree_memory", "versions"]
 
 
 def versions() -> dict[str, str]:
@@ -44,14 +44,13 @@ def engine_info(engine: Any, record: Any) -> dict[str, Any]:
     }
 
 
-def tree_memory(pid: int) -> int:
-    """Resident memory of ``pid`` and every process below it (Linux ``/proc``; 0 elsewhere):
-    the host engine's own process, its engine cores and their workers."""
+def tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (Linux ``/proc``; ``[pid]`` elsewhere)."""
     children: dict[int, list[int]] = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return 0
+        return [pid]
     for entry in entries:
         if entry.isdigit():
             try:
@@ -60,10 +59,19 @@ def tree_memory(pid: int) -> int:
             except (OSError, ValueError, IndexError):
                 continue
             children.setdefault(parent, []).append(int(entry))
-    total, todo = 0, [pid]
+    found, todo = [], [pid]
     while todo:
         current = todo.pop()
+        found.append(current)
         todo.extend(children.get(current, ()))
+    return found
+
+
+def tree_memory(pid: int) -> int:
+    """Resident memory of ``pid`` and every process below it (Linux ``/proc``; 0 elsewhere):
+    the host engine's own process, its engine cores and their workers."""
+    total = 0
+    for current in tree(pid):
         try:
             with open(f"/proc/{current}/status") as f:
                 for line in f:

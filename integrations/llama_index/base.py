@@ -32,7 +32,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.llm import ToolSelection
 
 from vllm_inline.engine import Engine, get_engine
-from vllm_inline.engine.host.directory import parse_keep_alive
+from vllm_inline.engine.host.directory import KEEP_ALIVE_HELP, parse_keep_alive
 from vllm_inline.engine.request.sampling import DEFAULTS, check_sampling
 
 from .metadata import MultimodalLLMMetadata, takes_images
@@ -73,14 +73,7 @@ class VLLM(SchemaConstrainedLLM):
         default_factory=dict,
         description="Options for vLLM's AsyncEngineArgs (dtype, max_model_len, ...). Default: {}.",
     )
-    keep_alive: str | int | float | None = Field(
-        default=None,
-        description="Load the model once per host: the engine runs in a process of its own that "
-        "every process of yours attaches to, and stays loaded this long after the last one is "
-        "gone ('10m', '1h', seconds, 0: until the last process is gone, -1: until `python -m "
-        "vllm_inline engines stop`; docs/host.md). Default: None ($VLLMINLINE_KEEP_ALIVE, else "
-        "the engine lives and dies with this process).",
-    )
+    keep_alive: str | int | float | None = Field(default=None, description=KEEP_ALIVE_HELP)
     temperature: float | None = Field(
         default=None, description="Sampling temperature. Default: None (model's default)."
     )

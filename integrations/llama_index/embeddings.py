@@ -17,7 +17,7 @@ from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.bridge.pydantic import Field
 
 from vllm_inline.engine import Engine, get_engine
-from vllm_inline.engine.host.directory import parse_keep_alive
+from vllm_inline.engine.host.directory import KEEP_ALIVE_HELP, parse_keep_alive
 from vllm_inline.engine.pooling.embeddings import DEFAULT_BATCH_SIZE, check_embed_options
 
 __all__ = ["VLLMEmbedding"]
@@ -42,14 +42,7 @@ class VLLMEmbedding(BaseEmbedding):
         description="Options for vLLM's AsyncEngineArgs (dtype, max_model_len, ...); runner "
         "defaults to 'pooling'. Default: {}.",
     )
-    keep_alive: str | int | float | None = Field(
-        default=None,
-        description="Load the model once per host: the engine runs in a process of its own that "
-        "every process of yours attaches to, and stays loaded this long after the last one is "
-        "gone ('10m', '1h', seconds, 0: until the last process is gone, -1: until `python -m "
-        "vllm_inline engines stop`; docs/host.md). Default: None ($VLLMINLINE_KEEP_ALIVE, else "
-        "the engine lives and dies with this process).",
-    )
+    keep_alive: str | int | float | None = Field(default=None, description=KEEP_ALIVE_HELP)
     normalize: bool | None = Field(
         default=None,
         description="L2-normalise the vectors; None keeps the model's setting. Default: None.",

@@ -21,7 +21,7 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
 from vllm_inline.engine import BadRequestError, Engine, get_engine
-from vllm_inline.engine.host.directory import parse_keep_alive
+from vllm_inline.engine.host.directory import KEEP_ALIVE_HELP, parse_keep_alive
 from vllm_inline.engine.pooling.scoring import DEFAULT_BATCH_SIZE, check_score_options, check_top_n
 
 __all__ = ["VLLMRerank"]
@@ -49,14 +49,7 @@ class VLLMRerank(BaseNodePostprocessor):
         description="Options for vLLM's AsyncEngineArgs (dtype, max_model_len, ...); runner "
         "defaults to 'pooling'. Default: {}.",
     )
-    keep_alive: str | int | float | None = Field(
-        default=None,
-        description="Load the model once per host: the engine runs in a process of its own that "
-        "every process of yours attaches to, and stays loaded this long after the last one is "
-        "gone ('10m', '1h', seconds, 0: until the last process is gone, -1: until `python -m "
-        "vllm_inline engines stop`; docs/host.md). Default: None ($VLLMINLINE_KEEP_ALIVE, else "
-        "the engine lives and dies with this process).",
-    )
+    keep_alive: str | int | float | None = Field(default=None, description=KEEP_ALIVE_HELP)
     top_n: int | None = Field(
         default=3,
         description="How many nodes to keep (the best ones); None keeps them all, reordered. "
