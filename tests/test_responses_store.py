@@ -129,6 +129,60 @@ def test_a_file_of_another_schema_is_refused(tmp_path: Path) -> None:
         SQLiteResponseStore(path)
 
 
+def test_the_store_is_private_to_its_user(tmp_path: Path) -> None:
+    """Every stored conversation is in the file: it, its -wal and -shm files are 0600 and a
+    directory made for it 0700; a file an earlier version made 0644 is narrowed."""
+    import os
+    import stat
+
+    path = tmp_path / "made" / "responses.sqlite3"
+    store = SQLiteResponseStore(path)
+    store.put(stored("resp_1"))
+    modes = {p.name: stat.S_IMODE(os.stat(p).st_mode) for p in path.parent.iterdir()}
+    assert modes == {
+        "responses.sqlite3": 0o600,
+        "responses.sqlite3-wal": 0o600,
+        "responses.sqlite3-shm": 0o600,
+    }, modes
+    assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+    store.close()
+    old = tmp_path / "old.sqlite3"
+    sqlite3.connect(old).close()
+    os.chmod(old, 0o644)
+    SQLiteResponseStore(old).close()
+    assert stat.S_IMODE(os.stat(old).st_mode) == 0o600
+
+
+def test_a_response_stored_under_one_key_is_not_found_with_another(tmp_path: Path) -> None:
+    """Two servers with other API keys on one store file (or one whose key changed): neither
+    finds the other's conversations; each sees its own under the ids it gave them. A server's
+    store is scoped by its key (OpenAIServer), never by the key itself (a digest)."""
+    from vllm_inline.engine import Engine
+    from vllm_inline.server import Limits, OpenAIServer
+    from vllm_inline.server.responses.scoped import KeyScopedStore, scope_of
+
+    path = tmp_path / "shared.sqlite3"
+    raw = SQLiteResponseStore(path)
+    one, other = (KeyScopedStore(raw, scope_of(key)) for key in ("sk-one", "sk-other"))
+    event = stored_event({"sequence_number": 0, "type": "response.created"})
+    one.put(stored("resp_1", status="in_progress"), events=[event])
+    assert one.get("resp_1").response["id"] == "resp_1"  # type: ignore[union-attr]
+    assert one.status("resp_1") == "in_progress" and one.events("resp_1", -1) == [event]
+    for elsewhere in (other, raw):
+        assert elsewhere.get("resp_1") is None and elsewhere.status("resp_1") is None
+        assert elsewhere.events("resp_1", -1) is None and elsewhere.cancel("resp_1") is None
+    assert "sk-one" not in scope_of("sk-one") and scope_of(None) == ""
+    assert one.cancel("resp_1").response["status"] == "cancelled"  # type: ignore[union-attr]
+    raw.close()
+    model = Engine("some/model")  # never started: the store is what is looked at
+    server = OpenAIServer(chat=model, limits=Limits(api_key="sk-one"), responses_store=str(path))
+    assert isinstance(server.responses_store(), KeyScopedStore)
+    assert server.responses_store().get("resp_1") is not None
+    server.responses_store.close()
+    keyless = OpenAIServer(chat=model, responses_store=":memory:")
+    assert not isinstance(keyless.responses_store(), KeyScopedStore)
+
+
 def test_limits_are_checked() -> None:
     with pytest.raises(ValueError, match="max_bytes=0"):
         MemoryResponseStore(max_bytes=0)

@@ -376,6 +376,72 @@ def test_an_api_key_locks_v1_but_not_health(serve: Callable[..., Served]) -> Non
     assert [m.id for m in srv.client.models.list()] == [srv.model]
 
 
+FASTAPI_DOCS = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+"""FastAPI's own documentation of the app (no model runs, nothing stored is read): the app's,
+not the server's (``OpenAIServer.install`` guards the routes it installs)."""
+
+
+def test_the_key_guards_every_route_of_the_server_but_the_public_ones(
+    serve: Callable[..., Served],
+) -> None:
+    """The whole route table, walked: without the key every route of the server is a 401 but
+    the ones ``guard.PUBLIC`` lists (each with its reason) and FastAPI's own documentation;
+    with it, none is. A route added later without the guard fails here."""
+    from starlette.routing import Route
+
+    from vllm_inline.server.guard import PUBLIC
+
+    srv = serve("llama3", **LOCKED)
+    base = srv.url.removesuffix("/v1")
+    table = create_app("any/model", limits=Limits(api_key=KEY)).router.routes  # the same table
+    walked = []
+    for route in table:
+        assert isinstance(route, Route), route
+        path = route.path.replace("{response_id}", "resp_unknown")
+        for method in sorted((route.methods or set()) - {"HEAD"}):
+            walked.append(path)
+            body = {} if method == "POST" else None
+            without = httpx.request(method, base + path, json=body, timeout=60)
+            if path in PUBLIC or path in FASTAPI_DOCS:
+                assert without.status_code != 401, (method, path)
+            else:
+                assert without.status_code == 401, (method, path, without.text)
+                assert without.json()["error"]["code"] == 401
+            auth = {"Authorization": f"Bearer {KEY}"}
+            with_key = httpx.request(method, base + path, json=body, headers=auth, timeout=60)
+            assert with_key.status_code != 401, (method, path)
+    # What vllm serve leaves open (its security page; vLLM issues 18892, 42591, 58144): not here.
+    assert {"/rerank", "/v2/rerank", "/score", "/tokenize", "/detokenize"} <= set(walked)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/chat/completions", '{"model": "\\udc80", "messages": []}', "body.model"),
+        ("/chat/completions", '{"messages": [], "stop": ["x", "\\udc80"]}', "body.stop.1"),
+        ("/completions", '{"prompt": "Once", "stop": "\\udc80"}', "body.stop"),
+        ("/responses", '{"model": "\\udc80", "input": "Hi"}', "body.model"),
+        (
+            "/responses",
+            '{"input": [{"role": "user", "content": "\\ud800"}]}',
+            "body.input.0.content",
+        ),
+        ("/embeddings", '{"input": ["\\udfff"]}', "body.input.0"),
+    ],
+)
+def test_a_lone_surrogate_is_a_400_naming_the_field(
+    serve: Callable[..., Served], path: str, body: str, param: str
+) -> None:
+    """Valid JSON (a ``\\u`` escape of half a surrogate pair) that is no Unicode text: a 400
+    in OpenAI's error shape naming the field, before the engine, which answers right after."""
+    srv = serve("llama3")
+    sent = httpx.post(srv.url + path, content=body, headers={"content-type": "application/json"})
+    assert sent.status_code == 400, sent.text
+    error = sent.json()["error"]
+    assert error["param"] == param and "surrogate" in error["message"], error
+    assert srv.chat(messages=HELLO).choices[0].message.content == srv.s.scenario.answer
+
+
 def test_an_oversize_body_is_a_413_naming_the_limit(serve: Callable[..., Served]) -> None:
     srv = serve("llama3", **LOCKED)
     big = [{"role": "user", "content": "x" * 5000}]

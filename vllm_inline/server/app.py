@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -13,6 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
 
 from vllm_inline.engine import Engine, get_engine, prometheus_registry, start_engines
 from vllm_inline.server.chat import chat_router
@@ -28,6 +30,7 @@ from vllm_inline.server.responses import (
     open_store,
     responses_router,
 )
+from vllm_inline.server.responses.scoped import KeyScopedStore, scope_of
 from vllm_inline.server.tokens import tokens_router
 
 __all__ = ["OpenAIServer", "create_app"]
@@ -99,7 +102,10 @@ class OpenAIServer:
             opener = given
         else:
             opener = lambda: open_store(given)
-        self.responses_store = LazyStore(opener)
+        scope = scope_of(self.limits.api_key)  # another key's conversations are not found
+        self.responses_store = LazyStore(
+            (lambda: KeyScopedStore(opener(), scope)) if scope else opener
+        )
         """The store of ``/v1/responses`` (:mod:`vllm_inline.server.responses.store`): a store,
         a function that opens one (``functools.partial(open_store, path, max_bytes=...)``), an
         SQLite file's path, ``":memory:"`` (one process only), or ``None`` for
@@ -127,9 +133,14 @@ class OpenAIServer:
     def install(self, app: FastAPI) -> None:
         """Add the routes, the guard and the error handlers to ``app`` (its lifespan must run
         :meth:`lifespan`, or the engines start on their first request)."""
+        guarded: list[re.Pattern[str]] = []  # filled below, once the routes are in
         app.add_middleware(
-            Guard, api_key=self.limits.api_key, max_body_bytes=self.limits.max_body_bytes
+            Guard,
+            api_key=self.limits.api_key,
+            max_body_bytes=self.limits.max_body_bytes,
+            routes=guarded,
         )
+        before = set(map(id, app.router.routes))
         install_error_handlers(app)
 
         async def not_found(request: Request, e: Exception) -> JSONResponse:
@@ -176,6 +187,10 @@ class OpenAIServer:
                 page = resources.files("vllm_inline.server").joinpath("chat.html").read_text()
                 page = page.replace("__CHAT_MODELS__", json.dumps(chat_names).replace("</", "<\\/"))
                 return HTMLResponse(page)
+
+        # Every route installed here needs the key, but guard.PUBLIC's.
+        ours = [r for r in app.router.routes if id(r) not in before]
+        guarded.extend(r.path_regex for r in ours if isinstance(r, Route))
 
 
 def _parser_of(parsers: str | Mapping[str, str] | None, name: str, kind: str) -> str | None:

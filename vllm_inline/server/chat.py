@@ -61,7 +61,29 @@ async def read_body(request: Request) -> dict[str, Any]:
         raise InvalidBodyError("body", f"not valid JSON ({e})") from None
     if not isinstance(body, dict):
         raise InvalidBodyError("body", "not a JSON object")
+    check_text(body, "body")
     return body
+
+
+def check_text(value: Any, place: str) -> None:
+    """Refuse a string of ``value`` (at ``place``) that is no Unicode text: JSON's ``\\udc80``
+    escapes a lone surrogate, valid JSON that no UTF-8 encoder takes; left in, it failed the
+    request later, as a plain-text 500 or as the engine's failure (a 503)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            bad = ascii(value[e.start : e.end])
+            raise InvalidBodyError(
+                place, f"holds {bad}, a lone surrogate: no Unicode text"
+            ) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_text(key, place)
+            check_text(item, f"{place}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            check_text(item, f"{place}.{index}")
 
 
 def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> APIRouter:

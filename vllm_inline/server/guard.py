@@ -1,11 +1,19 @@
-"""The guard in front of ``/v1``, as ``vllm serve`` has it: the API key, the body size, and
-per-request caps, all checked before a request reaches an engine."""
+"""The guard in front of the server's routes: the API key, the body size, and per-request caps,
+all checked before a request reaches an engine.
+
+``vllm serve`` checks its key on ``/v1`` only, which leaves ``/rerank``, ``/v2/rerank``,
+``/score``, ``/tokenize`` and ``/detokenize`` running the models for anyone (its security page
+warns; vLLM issues 18892, 42591, 58144). Here the key is asked on every route the server
+installs but :data:`PUBLIC`, each open for a reason said there; a route added later is guarded
+unless it is added to :data:`PUBLIC` (``tests/test_server.py`` walks the whole route table).
+"""
 
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -13,27 +21,51 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from vllm_inline.engine import BadRequestError
 from vllm_inline.server.errors import error_response
 
-__all__ = ["Guard", "check_caps"]
+__all__ = ["PUBLIC", "Guard", "check_caps"]
+
+PUBLIC: Mapping[str, str] = {
+    "/health": "load balancers and orchestrators probe it without credentials (as vllm serve's)",
+    "/": "the chat page's own HTML; every request the page makes carries the key",
+    "/metrics": "Prometheus scrapers send no bearer token; counts and model names, no text",
+    "/version": "the server's vLLM version only (as vllm serve's)",
+}
+"""The server's routes open without the key, and why each is."""
 
 
 class Guard:
-    """Pure ASGI middleware in front of ``/v1``, as ``vllm serve``'s: the API key (401 without
+    """Pure ASGI middleware in front of the server's routes: the API key (401 without
     ``Authorization: Bearer <key>``), then the body size (413 over ``max_body_bytes``, by its
     ``Content-Length`` or by the bytes as they arrive), before any of the body reaches the app.
-    Other paths (``/health``, ``/metrics``, the chat page) and CORS preflights pass."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int | None) -> None:
+    ``routes``: the path patterns of the routes to guard (those :class:`~.app.OpenAIServer`
+    installs; an app's own routes beside them are its own), ``None`` for every path; the paths
+    of :data:`PUBLIC` and CORS preflights pass either way."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key: str | None,
+        max_body_bytes: int | None,
+        routes: Sequence[re.Pattern[str]] | None = None,
+    ) -> None:
         self.app = app
         # Digests have one length: compare_digest then takes the same time for any key sent.
         self.key = hashlib.sha256(api_key.encode()).digest() if api_key else None
         self.max_body_bytes = max_body_bytes
+        self.routes = routes
+
+    def guards(self, path: str) -> bool:
+        """Whether ``path`` needs the key (and has its body limited)."""
+        if path in PUBLIC:
+            return False
+        return self.routes is None or any(route.match(path) for route in self.routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "").removeprefix(scope.get("root_path", ""))
         if (
             scope["type"] not in ("http", "websocket")
             or scope.get("method") == "OPTIONS"
-            or not path.startswith("/v1")
+            or not self.guards(path)
         ):
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])

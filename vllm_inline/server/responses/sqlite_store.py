@@ -138,7 +138,7 @@ class SQLiteResponseStore:
         self.ttl_seconds = ttl_seconds
         """How long a response is kept."""
         self._clock = clock
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _private(self.path)
         # One connection per store, used by one thread at a time (the lock): the route calls
         # the store from asyncio's worker threads. Autocommit mode: transactions are explicit.
         self._db = sqlite3.connect(
@@ -352,3 +352,19 @@ class SQLiteResponseStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _private(path: pathlib.Path) -> None:
+    """Make ``path`` the server's user's alone: every stored conversation is in it. A missing
+    directory is made 0700, the file 0600 (SQLite gives its ``-wal`` and ``-shm`` files the
+    file's mode), and a file of an earlier version, made 0644, is narrowed to 0600 with them."""
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+    for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            if os.stat(name).st_mode & 0o077:
+                os.chmod(name, 0o600)
+        except FileNotFoundError:
+            pass
