@@ -266,6 +266,9 @@ def shutdown_all() -> None:
 
 
 def _at_exit() -> None:
+    from vllm_inline.engine.seam import ipc_directory
+
+    ipc_directory.leaving()
     shutdown_all()
     # Give the heap frozen at start (vllm_engine.start_engine) back to the last collections:
     # native extensions (triton's nanobind bindings) otherwise report their objects leaked.

@@ -41,6 +41,7 @@ __all__ = [
     "RPC_VARIABLE",
     "hold",
     "is_dead_owners",
+    "leaving",
     "owner_alive",
     "owner_directory",
     "process_start",
@@ -237,6 +238,18 @@ def _mine(path: str | None) -> bool:
     """True for a directory this process owns (a forked child inherits the parent's path)."""
     owner = _owner(os.path.basename(path).lstrip("@")) if path is not None else None
     return owner is not None and owner[0] == os.getpid()
+
+
+def leaving() -> None:
+    """The process is exiting: its directory goes now, before its engines' shutdown, whose end
+    it may not live to see (Jupyter SIGTERMs a kernel 2.5 s into its shutdown, about what three
+    engines' shutdowns take together here). The engines' processes keep what they hold in it
+    (bound and connected sockets work on, unlinked); nothing starts there any more."""
+    global _path
+    with _lock:
+        path, _path = _path, None
+    if path is not None and not path.startswith("@") and _mine(path):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @atexit.register

@@ -188,7 +188,10 @@ def stop_when_idle() -> None:
     with _forking_lock:
         _forked[:] = [p for p in _forked if p.exitcode is None]
         if not _forked and _server._forkserver_pid is not None:
-            _server._stop()
+            try:
+                _server._stop()
+            except FileNotFoundError:  # its socket went with the owner directory at exit
+                _server._forkserver_address = None  # (ipc_directory.leaving): it is stopped
 
 
 class EngineCoreProcess(mp_process.BaseProcess):

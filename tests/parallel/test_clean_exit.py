@@ -89,7 +89,10 @@ RAISED = {
     "ctrl-c": "KeyboardInterrupt",
 }
 """The last line of the one traceback Python prints for the app (nothing else on stderr)."""
-RETURNCODE = {"end": 0, "break": 0, "exit": 0, "raise": 1, "ctrl-c": -2}
+RETURNCODE = {"end": (0,), "break": (0,), "exit": (0,), "raise": (1,), "ctrl-c": (-2, 1)}
+"""Python ends on an uncaught KeyboardInterrupt by SIGINT (-2), or with 1 where Ray is installed:
+vLLM imports it, and its exit hook (``ray._private.worker.shutdown``) clears the interpreter's
+note of the interrupt (``python -c "import ray; raise KeyboardInterrupt"`` ends with 1)."""
 
 PROGRESS = re.compile(r"^Loading safetensors checkpoint shards")
 VLLM_LOG = re.compile(r"^(\([^)]* pid=\d+\) )?(DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d ")
@@ -219,7 +222,7 @@ def test_an_app_that_ends_without_shutdown_prints_only_its_own_output(
     ended: dict[tuple[str, str], Ended], how: str, level: str
 ) -> None:
     run = ended[(how, level)]
-    assert run.returncode == RETURNCODE[how], run.stderr[-3000:]
+    assert run.returncode in RETURNCODE[how], run.stderr[-3000:]
     stdout = run.stdout
     if level != "default":
         vllm_lines = [line for line in stdout.splitlines() if VLLM_LOG.match(line)]
@@ -307,7 +310,9 @@ def test_a_notebook_kernel_shut_down_prints_nothing_of_vllms(tmp_path: Path, lev
         km.shutdown_kernel(now=False)
         took = time.monotonic() - asked
         print(f"the kernel shut down in {took:.1f} s")
-        assert took < km.shutdown_wait_time, "the kernel did not exit on its own"
+        # Jupyter SIGTERMs the kernel half way through shutdown_wait_time (2.5 s), about what
+        # three engines' shutdowns take together here: either way, nothing printed or left.
+        assert took < km.shutdown_wait_time, "Jupyter had to SIGKILL the kernel"
         with contextlib.suppress(queue.Empty):  # what the kernel sent while it shut down
             while True:
                 keep(kc.get_iopub_msg(timeout=1))
@@ -320,8 +325,10 @@ def test_a_notebook_kernel_shut_down_prints_nothing_of_vllms(tmp_path: Path, lev
             km.shutdown_kernel(now=True)
         clean_up(seen, held)
     printed = "".join(sent)
-    # tqdm's own warning about the progress bar, in a kernel without ipywidgets.
+    # tqdm's own warning about the progress bar in a kernel without ipywidgets, and Ray's (vLLM
+    # imports it where it is installed) about the same.
     printed = re.sub(r".*TqdmWarning: IProgress not found.*\n.*notebook_tqdm\n", "", printed)
+    printed = re.sub(r".*Missing packages: \['ipywidgets'\].*\n", "", printed)
     answer = f"ANSWER {EMBEDDING_HIDDEN_SIZE} 2"
     left_in_the_middle = f"LEFT IN THE MIDDLE {SCENARIOS['long'].chat.script[0]}"
     assert users_lines(printed, level) == [answer, left_in_the_middle], printed[-3000:]
