@@ -304,6 +304,16 @@ class Engine:
             instead="engine.ascore(...)",
         )
 
+    def check_parsers(
+        self, tool_parser: str | None = None, reasoning_parser: str | None = None
+    ) -> None:
+        """Start vLLM's named parsers once on the model's tokenizer, as ``vllm serve`` does at
+        its start: a :class:`ValueError` names a parser the tokenizer cannot serve (a missing
+        token), before any request. Starts the engine."""
+        from vllm_inline.engine.stream.parsing import check_parsers
+
+        check_parsers(self.tokenizer, self.model, tool_parser, reasoning_parser)
+
     async def aprompt_token_ids(
         self,
         messages: Sequence[Mapping[str, Any]] | None = None,

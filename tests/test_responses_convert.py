@@ -13,7 +13,8 @@ from vllm_inline.engine import BadRequestError, Delta, ToolCallDelta, Usage
 from vllm_inline.server.errors import InvalidBodyError
 from vllm_inline.server.responses.inputs import conversation, output_messages
 from vllm_inline.server.responses.output import OutputFold
-from vllm_inline.server.responses.params import engine_kwargs, function_tools
+from vllm_inline.server.responses.params import engine_kwargs
+from vllm_inline.server.responses.tools import chat_tools
 
 CALL = {"type": "function_call", "call_id": "c1", "name": "get_weather",
         "arguments": '{"city": "Oslo"}'}  # fmt: skip
@@ -96,7 +97,7 @@ def test_a_response_output_continues_as_one_assistant_message() -> None:
 
 
 def test_body_fields_become_engine_arguments() -> None:
-    tools = function_tools([{"type": "function", "name": "f", "parameters": {"type": "object"}}])
+    tools, _ = chat_tools([{"type": "function", "name": "f", "parameters": {"type": "object"}}])
     assert tools == [
         {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     ]
@@ -204,7 +205,7 @@ def test_a_reasoning_parser_for_a_model_the_server_lacks_is_refused() -> None:
 
 def test_parallel_tool_calls_false_reaches_the_engine() -> None:
     """As on the chat route: vLLM's parser constrains the calls to one (the fold keeps one)."""
-    tools = function_tools([{"type": "function", "name": "get_weather"}])
+    tools, _ = chat_tools([{"type": "function", "name": "get_weather"}])
     assert engine_kwargs({"parallel_tool_calls": False}, tools)["parallel_tool_calls"] is False
     assert "parallel_tool_calls" not in engine_kwargs({"parallel_tool_calls": True}, tools)
     with pytest.raises(InvalidBodyError) as raised:

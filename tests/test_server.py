@@ -82,7 +82,14 @@ def serve(scripted: Any) -> Iterator[Callable[..., Served]]:
                 stack.close()
                 current.clear()
             s = scripted(name)
-            app = create_app(s.path, vllm_kwargs=s.engine_kwargs, limits=Limits(**options))
+            parser = s.scenario.tool_parser  # as vllm serve is started for the model
+            app = create_app(
+                s.path,
+                vllm_kwargs=s.engine_kwargs,
+                limits=Limits(**options),
+                tool_parser=parser,
+                enable_auto_tool_choice=parser is not None,
+            )
             url = stack.enter_context(serving(app, lifespan="off" if options else "on")) + "/v1"
             current[key] = Served(s, url, options.get("api_key"))
         return current[key]

@@ -68,6 +68,8 @@ def app(scripted: Any, scripted_root: Path) -> Iterator[App]:
         chat={"llama3": llama3.engine, "tools": tools.engine},
         embedding={"embedder": embedder},
         rerank={"reranker": reranker},
+        tool_parser={"tools": "hermes"},
+        enable_auto_tool_choice=True,
     )
     fastapi_app = FastAPI(lifespan=server.lifespan)
     server.install(fastapi_app)

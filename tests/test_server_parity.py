@@ -248,6 +248,8 @@ def pairs(
             chat={paths[k]: engines[k] for k in ("chat", "tools")},
             embedding={paths["embedder"]: engines["embedder"]},
             rerank={paths["reranker"]: engines["reranker"]},
+            tool_parser={paths["tools"]: "hermes"},  # as its vllm serve is started
+            enable_auto_tool_choice=True,
         )
         app = FastAPI(lifespan=server.lifespan)
         server.install(app)

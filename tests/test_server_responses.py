@@ -84,7 +84,11 @@ def app(scripted: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[App
     start_engines(*engines.values())
     store = SQLiteResponseStore(tmp_path_factory.mktemp("responses") / "store.sqlite3")
     server = OpenAIServer(
-        chat=engines, responses_store=store, reasoning_parser={"reasoning": "qwen3"}
+        chat=engines,
+        responses_store=store,
+        reasoning_parser={"reasoning": "qwen3"},
+        tool_parser={"tools": "hermes"},
+        enable_auto_tool_choice=True,
     )
     fastapi_app = FastAPI(lifespan=server.lifespan)
     server.install(fastapi_app)
@@ -345,7 +349,8 @@ BAD = {
     ),
     "an unknown previous response": ({"input": "Hi", "previous_response_id": "resp_nope"}, 404,
                                      "previous_response_id"),
-    "a hosted tool": ({"input": "Hi", "tools": [{"type": "web_search"}]}, 400, "body.tools.0.type"),
+    "a tool type OpenAI has not": ({"input": "Hi", "tools": [{"type": "nope"}]}, 400,
+                                   "body.tools.0.type"),
     "a bad temperature": ({"input": "Hi", "temperature": 7}, 400, "temperature"),
     "a temperature that is no number": ({"input": "Hi", "temperature": "hot"}, 400,
                                         "temperature"),

@@ -67,6 +67,8 @@ def app(scripted: Any) -> Iterator[App]:
         chat=engines,
         responses_store=MemoryResponseStore(),  # one process: nothing on disk
         reasoning_parser={"reasoning": "qwen3"},
+        tool_parser={"tools": "hermes"},
+        enable_auto_tool_choice=True,
     )
     fastapi_app = FastAPI(lifespan=server.lifespan)
     server.install(fastapi_app)

@@ -132,6 +132,8 @@ def pairs(scripted: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
             chat={paths[k]: e for k, e in engines.items()},
             responses_store=MemoryResponseStore(),
             reasoning_parser={paths["reasoning"]: "qwen3"},
+            tool_parser={paths["tools"]: "hermes"},  # as its vllm serve is started
+            enable_auto_tool_choice=True,
         )
         app = FastAPI(lifespan=server.lifespan)
         server.install(app)

@@ -226,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     help_text = (
         "the OpenAI-compatible server for chat, embedding and reranker models (vllm_inline.server)"
     )
-    p = sub.add_parser("serve", help=help_text, description=help_text)
+    p = serve_parser = sub.add_parser("serve", help=help_text, description=help_text)
     serve.add_arguments(p)
     p.add_argument(
         "--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)"
@@ -250,6 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("engines", help=help_text, description=help_text)
     engines.add_arguments(p)
     args = parser.parse_args(argv)
+    if args.command == "serve" and (problem := serve.argument_problem(args)):
+        serve_parser.error(problem)
     if args.command == "engines":
         return engines.run(args)
     if args.verbose:

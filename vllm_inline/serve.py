@@ -17,6 +17,7 @@ from vllm_inline.testing import build_scripted_model
 __all__ = [
     "add_arguments",
     "app_from_environment",
+    "argument_problem",
     "build_app",
     "byte_count",
     "limits_of",
@@ -33,6 +34,12 @@ ARGS_VARIABLE = "VLLMINLINE_SERVE_ARGS"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``serve`` command's arguments."""
+    parser.add_argument(
+        "model_tag",
+        nargs="?",
+        metavar="MODEL",
+        help="chat model: hub id or local path, as `vllm serve MODEL` takes it (or --model)",
+    )
     parser.add_argument(
         "--model",
         default=os.environ.get("MODEL") or None,
@@ -91,6 +98,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "/v1/responses reasoning items), e.g. qwen3 (default: none)",
     )
     parser.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="vLLM's tool parser for the chat model's tool calls, as vllm serve's flag, e.g. "
+        "hermes (default: none; a named or required tool uses the model family's)",
+    )
+    parser.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="parse tool calls out of `auto` answers with --tool-call-parser, as vllm serve's "
+        "flag (without it a model's text comes back as text)",
+    )
+    parser.add_argument(
+        "--tool-parser-plugin",
+        default=None,
+        help="a Python file that registers a tool parser with vLLM, as vllm serve's flag",
+    )
+    parser.add_argument(
         "--strict-fields",
         action="store_true",
         help="refuse request fields the server does not know (400) instead of ignoring them "
@@ -119,6 +143,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="worker processes, all on one engine per model (vllm_inline.workers; default: 1)",
     )
+
+
+def argument_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with a combination of ``serve`` arguments, as argparse would say it;
+    ``None`` when they fit together. Checked before anything starts."""
+    tag, model = getattr(args, "model_tag", None), getattr(args, "model", None)
+    if tag and model and tag != model and model != os.environ.get("MODEL"):
+        return f"the model is given twice: {tag!r} and --model {model!r}"
+    if tag:
+        args.model = tag
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        return "--enable-auto-tool-choice requires --tool-call-parser (as in vllm serve)"
+    plugin = args.tool_parser_plugin
+    if plugin and not os.path.isfile(plugin):
+        return f"--tool-parser-plugin {plugin!r}: no such file"
+    if plugin and args.keep_alive is not None:
+        return (
+            "--tool-parser-plugin registers a parser in this process, and --keep-alive runs the "
+            "engine in the host's: leave one out"
+        )
+    return None
 
 
 def whole_count(text: str, what: str) -> int:
@@ -238,6 +283,10 @@ def build_app(args: argparse.Namespace) -> Any:
 
         chat = {args.served_model_name: get_engine(chat, **(args.vllm_kwargs or {}))}
     limits = limits_of(args)
+    if getattr(args, "tool_parser_plugin", None):
+        from vllm_inline.engine.seam.vllm_parsing import import_tool_parser
+
+        import_tool_parser(args.tool_parser_plugin)
     return create_app(
         chat,
         embedding=args.embedding_model,
@@ -246,4 +295,6 @@ def build_app(args: argparse.Namespace) -> Any:
         vllm_kwargs=args.vllm_kwargs,
         responses_store=responses_store_of(args),
         reasoning_parser=getattr(args, "reasoning_parser", None),
+        tool_parser=getattr(args, "tool_call_parser", None),
+        enable_auto_tool_choice=bool(getattr(args, "enable_auto_tool_choice", False)),
     )

@@ -247,6 +247,12 @@ class AttachedEngine(Engine):
         link = self._linked()
         return link.loop.run(link.call(op, payload), instead=instead)
 
+    def check_parsers(
+        self, tool_parser: str | None = None, reasoning_parser: str | None = None
+    ) -> None:
+        """:meth:`Engine.check_parsers`, in the host process (where vLLM's parsers are)."""
+        self._call("check_parsers", (tool_parser, reasoning_parser), "engine.check_parsers(...)")
+
     async def aembed(
         self,
         texts: Sequence[str],

@@ -160,6 +160,9 @@ def _calls(engine: Engine) -> dict[str, Call]:
     async def stats(_: Any) -> Any:
         return engine.stats()
 
+    async def check_parsers(payload: Any) -> Any:
+        engine.check_parsers(*payload)
+
     async def unfinished(_: Any) -> Any:
         return engine.num_unfinished_requests()
 
@@ -168,5 +171,6 @@ def _calls(engine: Engine) -> dict[str, Call]:
         "score": score,
         "prompt_token_ids": prompt_token_ids,
         "stats": stats,
+        "check_parsers": check_parsers,
         "unfinished": unfinished,
     }

@@ -28,6 +28,7 @@ except ImportError:  # vLLM < 0.32 keeps it with the server's chat utilities
 
 __all__ = [
     "chat_completion_request",
+    "import_tool_parser",
     "make_tool_call_id",
     "parser_class",
     "registered",
@@ -45,6 +46,11 @@ def parser_class(tool_parser: str | None, reasoning_parser: str | None, model: s
         enable_auto_tools=True,
         model_name=model,
     )
+
+
+def import_tool_parser(path: str) -> None:
+    """Run a ``--tool-parser-plugin`` file, which registers its parser with vLLM."""
+    ToolParserManager.import_tool_parser(path)
 
 
 def registered(kind: str) -> list[str]:

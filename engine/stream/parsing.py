@@ -26,7 +26,13 @@ from vllm_inline.engine.seam.vllm_types import (
 )
 from vllm_inline.engine.stream.deltas import ToolCallDelta
 
-__all__ = ["DEFAULT_TOOL_PARSERS", "OutputParser", "ParserFactory", "make_parser_factory"]
+__all__ = [
+    "DEFAULT_TOOL_PARSERS",
+    "OutputParser",
+    "ParserFactory",
+    "check_parsers",
+    "make_parser_factory",
+]
 
 DEFAULT_TOOL_PARSERS: Mapping[str, str] = {"chatml": "hermes", "llama3": "llama3_json"}
 """Tool parser used for a chat family when tools are sent without ``tool_parser``."""
@@ -302,3 +308,27 @@ def make_parser_factory(
             parameter=name,
             value=tool_parser or reasoning_parser,
         ) from e
+
+
+def check_parsers(
+    tokenizer: TokenizerLike, model: str, tool_parser: str | None, reasoning_parser: str | None
+) -> None:
+    """Start the named parsers once on ``tokenizer``, as ``vllm serve`` does at its start
+    (``ParserManager.validate_parser_tokenizer``): a parser whose tokens the tokenizer lacks is
+    a :class:`ValueError` naming it and what it misses, before any request."""
+    check_parser_name("tool_parser", tool_parser)
+    check_parser_name("reasoning_parser", reasoning_parser)
+    if tool_parser is None and reasoning_parser is None:
+        return
+    from vllm_inline.engine.seam.vllm_parsing import parser_class
+
+    try:
+        parser_class(tool_parser, reasoning_parser, model)(tokenizer)
+    except Exception as e:
+        named = " and ".join(
+            f"{kind} {name!r}"
+            for kind, name in (("tool_parser", tool_parser), ("reasoning_parser", reasoning_parser))
+            if name is not None
+        )
+        msg = f"vLLM's {named} cannot start on the tokenizer of {model!r}: {e}"
+        raise ValueError(msg) from e

@@ -63,24 +63,38 @@ class OpenAIServer:
         | os.PathLike[str]
         | None = None,
         reasoning_parser: str | Mapping[str, str] | None = None,
+        tool_parser: str | Mapping[str, str] | None = None,
+        enable_auto_tool_choice: bool = False,
     ) -> None:
         served = [
-            ServedModel(name, engine, kind, _parser_of(reasoning_parser, name, kind))  # type: ignore[arg-type]
+            ServedModel(
+                name,
+                engine,
+                kind,  # type: ignore[arg-type]
+                _parser_of(reasoning_parser, name, kind),
+                _parser_of(tool_parser, name, kind),
+                enable_auto_tool_choice and _parser_of(tool_parser, name, kind) is not None,
+            )
             for kind, given in (("chat", chat), ("embedding", embedding), ("rerank", rerank))
             for name, engine in _named(given)
         ]
         if not served:
             msg = "OpenAIServer needs at least one engine: chat=, embedding= or rerank=."
             raise ValueError(msg)
-        if isinstance(reasoning_parser, Mapping):
-            chat_names = {m.name for m in served if m.kind == "chat"}
-            unknown = sorted(set(reasoning_parser) - chat_names)
+        chat_names = {m.name for m in served if m.kind == "chat"}
+        for option, parsers in (("reasoning_parser", reasoning_parser),
+                                ("tool_parser", tool_parser)):  # fmt: skip
+            unknown = sorted(set(parsers) - chat_names) if isinstance(parsers, Mapping) else []
             if unknown:
                 msg = (
-                    f"reasoning_parser names {unknown}, which are not chat models of this "
-                    f"server; its chat models: {sorted(chat_names)}."
+                    f"{option} names {unknown}, which are not chat models of this server; its "
+                    f"chat models: {sorted(chat_names)}."
                 )
                 raise ValueError(msg)
+        if enable_auto_tool_choice and not tool_parser:
+            # As vllm serve: auto tool parsing needs the parser that reads the model's calls.
+            msg = "enable_auto_tool_choice needs tool_parser (vllm serve's --tool-call-parser)."
+            raise ValueError(msg)
         self.models = ServedModels(served)
         """The served models, by the names clients send."""
         self.limits = limits or Limits()
@@ -95,6 +109,13 @@ class OpenAIServer:
         chat route, ``reasoning`` items on ``/v1/responses``), as ``vllm serve
         --reasoning-parser``: one name for every chat model, or served names to parsers;
         ``None``: the reasoning stays in the text."""
+        self.tool_parser = tool_parser
+        """vLLM's tool parser for the chat models' tool calls (``vllm serve --tool-call-parser``):
+        one name, or served names to parsers; ``None``: a named or required tool choice uses the
+        engine's default for the model's family."""
+        self.enable_auto_tool_choice = enable_auto_tool_choice
+        """Parse tool calls out of ``auto`` answers with :attr:`tool_parser` (``vllm serve
+        --enable-auto-tool-choice``); without it an answer's text comes back as text."""
         given = responses_store
         if isinstance(given, ResponseStore):
             opener: Callable[[], ResponseStore] = lambda: given
@@ -123,6 +144,11 @@ class OpenAIServer:
         started_here = [e for e in engines if not e.started]
         await asyncio.to_thread(start_engines, *engines)
         try:
+            for model in self.models.all:
+                if model.tool_parser or model.reasoning_parser:  # at start, as vllm serve
+                    await asyncio.to_thread(
+                        model.engine.check_parsers, model.tool_parser, model.reasoning_parser
+                    )
             yield
         finally:
             await self.background_responses.close()

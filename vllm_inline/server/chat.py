@@ -110,8 +110,7 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
         body = await read_body(request)
         served = models.find("chat", body.get("model"))
         kwargs = chat_kwargs(body, limits)
-        if served.reasoning_parser is not None:  # the server's --reasoning-parser
-            kwargs["reasoning_parser"] = served.reasoning_parser
+        kwargs.update(served.parsing(kwargs))  # the server's --reasoning-parser, tool parser
         if body.get("echo") and kwargs.get("prompt_logprobs") is None:
             # As vLLM's to_sampling_params: an echo comes with the prompt's logprobs.
             kwargs["prompt_logprobs"] = body.get("top_logprobs") or 0

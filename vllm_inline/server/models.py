@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal
@@ -31,6 +31,28 @@ class ServedModel:
     reasoning_parser: str | None = None
     """vLLM's reasoning parser for a chat model's answers (``vllm serve --reasoning-parser``):
     their reasoning text apart, in ``message.reasoning`` and the Responses ``reasoning`` item."""
+    tool_parser: str | None = None
+    """vLLM's tool parser for a chat model's tool calls (``vllm serve --tool-call-parser``);
+    ``None``: the engine's default for the model's family, for a named or required tool."""
+    auto_tools: bool = False
+    """Parse tool calls out of an ``auto`` answer (``vllm serve --enable-auto-tool-choice``);
+    without it the model's text comes back as text, tools or not, as from ``vllm serve``."""
+
+    def parsing(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The parser options the server adds to a request's engine ``kwargs``, as ``vllm
+        serve`` parses answers: its reasoning parser always, its tool parser when tools come,
+        and an ``auto`` choice without auto tool parsing sent as ``"none"`` (the tools are
+        still in the prompt; only the answer is not parsed for calls)."""
+        out: dict[str, Any] = {}
+        if self.reasoning_parser is not None:
+            out["reasoning_parser"] = self.reasoning_parser
+        if not kwargs.get("tools"):
+            return out
+        if self.tool_parser is not None:
+            out["tool_parser"] = self.tool_parser
+        if kwargs.get("tool_choice") in (None, "auto") and not self.auto_tools:
+            out["tool_choice"] = "none"
+        return out
 
     @cached_property
     def fingerprint(self) -> str:

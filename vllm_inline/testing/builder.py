@@ -287,7 +287,7 @@ def _write_model(sc: Scenario, out: pathlib.Path) -> None:
         "num_key_value_heads": _HEADS,
         "head_dim": _HEAD_DIM,
         "hidden_act": "silu",
-        "max_position_embeddings": 4096,
+        "max_position_embeddings": sc.context,
         "rms_norm_eps": 1e-5,
         "rope_theta": 1e6,
         "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
@@ -315,7 +315,7 @@ def _write_model(sc: Scenario, out: pathlib.Path) -> None:
         "pad_token": fam.pad,
         "unk_token": fam.unk,
         "clean_up_tokenization_spaces": False,
-        "model_max_length": 4096,
+        "model_max_length": sc.context,
         "chat_template": sc.chat_template,
     }
     manifest = {

@@ -83,6 +83,8 @@ class Scenario:
     """vLLM reasoning parser name for this model, if any."""
     tool_parser: str | None = None
     """vLLM tool parser name for this model, if any."""
+    context: int = 4096
+    """``max_position_embeddings``: the longest prompt and answer the model takes."""
 
     @property
     def script(self) -> tuple[str, ...]:
@@ -206,7 +208,8 @@ SCENARIOS: dict[str, Scenario] = {
             completion_prompt=_ONCE,
             completion=_completion("llama3", "<|end_of_text|>"),
         ),
-        _llama3("demo", *_words(_DEMO_ANSWER)),
+        # An agent's prompt (Codex CLI's: about 17k of these tokens) fits the demo model.
+        _llama3("demo", *_words(_DEMO_ANSWER), context=32768),
         _chatml(
             "chatml",
             "Hello",

@@ -4,8 +4,9 @@ messages :meth:`Engine.astream <vllm_inline.engine.Engine.astream>` takes: pure 
 The items are those of OpenAI's Responses API that a chat model's turn can hold, converted as
 ``vllm serve`` converts them (``vllm/entrypoints/openai/responses/utils.py``): a message (text,
 or the parts ``input_text`` / ``output_text`` / ``input_image``), a ``function_call`` (an
-assistant message's tool call; consecutive calls join one message), a ``function_call_output``
-(a ``tool`` message), a ``reasoning`` item (the assistant message's ``reasoning``). Anything else
+assistant message's tool call; consecutive calls join one message), a ``custom_tool_call`` (the
+same, its ``input`` as the arguments of :mod:`.tools`' shim), a ``function_call_output`` or
+``custom_tool_call_output`` (a ``tool`` message), a ``reasoning`` item (the assistant message's ``reasoning``). Anything else
 (hosted tools' calls, ``item_reference``, ...) is refused with a 400 naming the item, as is a
 ``function_call_output`` whose ``call_id`` no ``function_call`` of the conversation made.
 """
@@ -16,10 +17,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vllm_inline.server.errors import InvalidBodyError
+from vllm_inline.server.responses.tools import custom_arguments, flat_name
 
 __all__ = ["HANDLED_ITEMS", "conversation", "output_messages"]
 
-HANDLED_ITEMS = ("message", "function_call", "function_call_output", "reasoning")
+HANDLED_ITEMS = (
+    "message",
+    "function_call",
+    "function_call_output",
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "reasoning",
+)
 """The input item types this package turns into chat messages."""
 
 _ROLES = ("user", "assistant", "system", "developer")
@@ -66,14 +75,14 @@ def _items(items: list[Any]) -> list[dict[str, Any]]:
                 open_assistant["content"] = message["content"]  # after its reasoning item
             else:
                 messages.append(message)
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
             call = _function_call(item, place)
             if open_assistant is not None:
                 open_assistant.setdefault("tool_calls", []).append(call)
                 open_assistant.setdefault("content", None)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             messages.append(_function_call_output(item, place))
         elif kind == "reasoning":
             messages.append(
@@ -136,11 +145,16 @@ def _message(item: Mapping[str, Any], place: str) -> dict[str, Any]:
 
 
 def _function_call(item: Mapping[str, Any], place: str) -> dict[str, Any]:
+    """A ``function_call`` or ``custom_tool_call`` item as the assistant's tool call, in the
+    names and arguments the model was shown (:mod:`.tools`)."""
     name = _text(item.get("name"), f"{place}.name")
-    arguments = _text(item.get("arguments"), f"{place}.arguments")
+    if item.get("type") == "custom_tool_call":
+        arguments = custom_arguments(_text(item.get("input"), f"{place}.input"))
+    else:
+        arguments = _text(item.get("arguments"), f"{place}.arguments")
     call_id = _text(item.get("call_id"), f"{place}.call_id")
-    if item.get("namespace"):
-        name = f"{item['namespace']}__{name}"  # vLLM's flat name for a namespaced tool
+    namespace = item.get("namespace")
+    name = flat_name(namespace if isinstance(namespace, str) else None, name)
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
@@ -194,11 +208,8 @@ def output_messages(output: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
         elif item["type"] == "message":
             texts = [p["text"] for p in item["content"] if p["type"] == "output_text"]
             message["content"] = (message["content"] or "") + "".join(texts)
-        elif item["type"] == "function_call":
-            call = {"name": item["name"], "arguments": item["arguments"]}
-            message.setdefault("tool_calls", []).append(
-                {"id": item["call_id"], "type": "function", "function": call}
-            )
+        elif item["type"] in ("function_call", "custom_tool_call"):
+            message.setdefault("tool_calls", []).append(_function_call(item, "output"))
     if message["content"] is None and not message.get("tool_calls"):
         message["content"] = ""
     return [message]

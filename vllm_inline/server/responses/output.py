@@ -17,6 +17,7 @@ from typing import Any
 
 from vllm_inline.engine import Delta, ToolCallDelta, Usage
 from vllm_inline.engine.stream.openai_format import logprobs_dict
+from vllm_inline.server.responses.tools import CallName, custom_input
 
 __all__ = ["OutputFold", "response_object", "usage_object"]
 
@@ -32,7 +33,9 @@ class OutputFold:
     False`` keeps the first tool call only, as ``vllm serve`` filters them;
     ``top_logprobs`` (``None``: no logprobs asked) shapes each text delta's ``logprobs``;
     ``whole``: for a whole answer, where the message's logprobs also hold tokens with no text
-    (the end of turn), as ``vllm serve`` lists them there and not in a stream."""
+    (the end of turn), as ``vllm serve`` lists them there and not in a stream; ``tool_names``:
+    what the flat names the model calls stand for (:func:`.tools.chat_tools`): a namespaced
+    function's call names its namespace, a custom tool's call is a ``custom_tool_call``."""
 
     def __init__(
         self,
@@ -42,6 +45,7 @@ class OutputFold:
         top_logprobs: int | None = None,
         whole: bool = False,
         new_id: Callable[[str], str] = _new_id,
+        tool_names: Mapping[str, CallName] | None = None,
     ) -> None:
         self.output: list[dict[str, Any]] = []
         """The finished output items, in order."""
@@ -56,6 +60,7 @@ class OutputFold:
         self._top_logprobs = top_logprobs
         self._whole = whole
         self._new_id = new_id
+        self._tool_names = tool_names or {}
         self._kind: str | None = None  # "reasoning", "message" or "function_call"
         self._item: dict[str, Any] = {}
         self._text = ""
@@ -129,16 +134,27 @@ class OutputFold:
         else:
             assert call is not None
             self._call_index = call.index
+            called = self._tool_names.get(call.name or "") or CallName(call.name or "")
             self._item = {
                 "arguments": "",
                 "call_id": call.id or f"call_{uuid.uuid4().hex[:24]}",
-                "name": call.name or "",
+                "name": called.name,
                 "type": "function_call",
                 "id": self._new_id("fc"),
                 "caller": None,
-                "namespace": None,
+                "namespace": called.namespace,
                 "status": "in_progress",
             }
+            if called.custom:
+                self._item = {
+                    "call_id": self._item["call_id"],
+                    "input": "",
+                    "name": called.name,
+                    "type": "custom_tool_call",
+                    "id": self._new_id("ctc"),
+                    "caller": None,
+                    "namespace": None,
+                }
         events.append(
             {"item": dict(self._item), "output_index": index, "type": "response.output_item.added"}
         )
@@ -190,6 +206,10 @@ class OutputFold:
 
     def _arguments_delta(self, arguments: str) -> list[dict[str, Any]]:
         self._text += arguments
+        if self._item["type"] == "custom_tool_call":
+            # Its input is a string inside the arguments' JSON, whole only at the end: it is
+            # sent in one delta then (vLLM decodes partial JSON to send it in pieces).
+            return []
         return [
             {
                 "delta": arguments,
@@ -221,6 +241,16 @@ class OutputFold:
                 {**where, "logprobs": [], "text": self._text, "type": "response.output_text.done"},
                 {**where, "part": part, "type": "response.content_part.done"},
             ]
+        elif item["type"] == "custom_tool_call":
+            text = custom_input(self._text)
+            item = {**item, "input": text}
+            index, item_id = where["output_index"], item["id"]
+            events = [
+                {"delta": text, "item_id": item_id, "output_index": index,
+                 "type": "response.custom_tool_call_input.delta"},
+                {"input": text, "item_id": item_id, "output_index": index,
+                 "type": "response.custom_tool_call_input.done"},
+            ]  # fmt: skip
         else:
             item = {**item, "arguments": self._text, "status": "completed"}
             events = [

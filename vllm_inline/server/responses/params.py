@@ -4,12 +4,13 @@ echoes: pure functions.
 
 The fields are those of ``vllm serve``'s ``ResponsesRequest`` (vLLM 0.32: OpenAI's, then vLLM's
 sampling extras), with its meanings: ``max_output_tokens`` is ``max_tokens``; ``text.format``
-(``json_schema``, ``json_object``) becomes the engine's ``structured_outputs``; flat function
-tools (``{"type": "function", "name": ...}``) become chat tools; ``reasoning.effort`` reaches the
+(``json_schema``, ``json_object``) becomes the engine's ``structured_outputs``; tools become chat
+tools (:mod:`.tools`: namespaces flattened, custom tools as vLLM's shim, hosted tools dropped);
+``reasoning.effort`` reaches the
 chat template as ``reasoning_effort`` and ``enable_thinking``; ``include`` with
 ``message.output_text.logprobs`` asks for ``top_logprobs`` alternatives. What this package
 cannot honour is refused with a 400 naming the field (``background`` without ``store``,
-``prompt``, ``conversation``, ``truncation: "auto"``, hosted tools). The route ignores a field
+``prompt``, ``conversation``, ``truncation: "auto"``). The route ignores a field
 neither request has (not in :data:`KNOWN_FIELDS`) with a log line, as ``vllm serve`` does, or
 refuses it on a strict server (``Limits.strict_fields``)."""
 
@@ -20,8 +21,9 @@ from typing import Any
 
 from vllm_inline.engine import BadRequestError
 from vllm_inline.server.errors import InvalidBodyError
+from vllm_inline.server.responses.tools import flat_name
 
-__all__ = ["KNOWN_FIELDS", "echoed_fields", "engine_kwargs", "function_tools"]
+__all__ = ["KNOWN_FIELDS", "echoed_fields", "engine_kwargs"]
 
 # Sampling fields handed to the engine under the same name.
 _SAMPLING = (
@@ -87,52 +89,22 @@ _INCLUDABLE = (
 )
 
 
-def function_tools(tools: Any) -> list[dict[str, Any]]:
-    """The body's ``tools`` (flat Responses function tools) as chat tools."""
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise InvalidBodyError("body.tools", "Input should be a valid list")
-    out = []
-    for i, tool in enumerate(tools):
-        place = f"body.tools.{i}"
-        if not isinstance(tool, Mapping):
-            raise InvalidBodyError(place, "Input should be a valid dictionary")
-        if tool.get("type") != "function":
-            raise InvalidBodyError(
-                f"{place}.type",
-                f"the tool type {tool.get('type')!r} is not handled by vllm-inline; send "
-                "function tools ({'type': 'function', 'name': ..., 'parameters': {...}})",
-            )
-        name = tool.get("name")
-        if not isinstance(name, str) or not name:
-            raise InvalidBodyError(f"{place}.name", "Field required")
-        parameters = tool.get("parameters")
-        if parameters is not None and not isinstance(parameters, Mapping):
-            raise InvalidBodyError(f"{place}.parameters", "Input should be a valid dictionary")
-        function: dict[str, Any] = {"name": name}
-        if tool.get("description") is not None:
-            function["description"] = tool["description"]
-        function["parameters"] = dict(parameters or {"type": "object", "properties": {}})
-        if tool.get("strict") is not None:
-            function["strict"] = tool["strict"]
-        out.append({"type": "function", "function": function})
-    return out
-
-
 def _tool_choice(choice: Any, tools: list[dict[str, Any]]) -> Any:
     """OpenAI's Responses ``tool_choice`` as the engine's (``"auto"``, ``"none"``,
     ``"required"`` or a tool's name)."""
     if choice is None:
         return "auto" if tools else "none"
     if isinstance(choice, Mapping):
-        if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+        if choice.get("type") not in ("function", "custom") or not isinstance(
+            choice.get("name"), str
+        ):
             raise BadRequestError.invalid(
                 "tool_choice",
                 choice,
-                "'auto', 'none', 'required' or {'type': 'function', 'name': ...}",
+                "'auto', 'none', 'required' or {'type': 'function' or 'custom', 'name': ...}",
             )
-        choice = choice["name"]
+        namespace = choice.get("namespace")
+        choice = flat_name(namespace if isinstance(namespace, str) else None, choice["name"])
     if not tools and choice in ("auto", "none"):
         return "none"
     return choice
@@ -230,6 +202,9 @@ def echoed_fields(body: Mapping[str, Any], kwargs: Mapping[str, Any]) -> dict[st
     """The request's fields a response object repeats, in ``vllm serve``'s order and shape."""
     tools = []
     for tool in body.get("tools") or ():
+        if tool.get("type") != "function":
+            tools.append(dict(tool))  # namespace, custom and hosted tools, as sent
+            continue
         tools.append(
             {
                 "name": tool["name"],

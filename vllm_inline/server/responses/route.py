@@ -36,9 +36,9 @@ from vllm_inline.server.responses.params import (
     KNOWN_FIELDS,
     echoed_fields,
     engine_kwargs,
-    function_tools,
 )
 from vllm_inline.server.responses.store import CANCELLABLE, ResponseStore
+from vllm_inline.server.responses.tools import chat_tools
 from vllm_inline.server.responses.turn import Turn
 
 __all__ = ["responses_router"]
@@ -102,18 +102,17 @@ def responses_router(
             history = stored.messages
         check_unknown(body, KNOWN_FIELDS, limits)
         check_request_id(body)
-        tools = function_tools(body.get("tools"))
+        tools, tool_names = chat_tools(body.get("tools"))
         kwargs = engine_kwargs(body, tools)
         if cap is not None and "max_tokens" not in kwargs:
             kwargs["max_tokens"] = min(cap, int(DEFAULTS["max_tokens"]))
-        if served.reasoning_parser is not None:
-            kwargs["reasoning_parser"] = served.reasoning_parser
+        kwargs.update(served.parsing(kwargs))
         messages, new = conversation(body.get("input"), body.get("instructions"), history)
         try:  # the engine checks the values here, before any work
             deltas = served.engine.astream(messages, **kwargs)
         except BadRequestError as e:
             raise _input_named(e) from None
-        turn = Turn(body, served, kwargs, echoed_fields(body, kwargs), history, new)
+        turn = Turn(body, served, kwargs, echoed_fields(body, kwargs), history, new, tool_names)
         if body.get("background") and body.get("stream"):
             await background.start_streamed(turn, deltas)
             events = background.follow(turn.id, after=-1)

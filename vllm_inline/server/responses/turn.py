@@ -17,6 +17,7 @@ from vllm_inline.server.models import ServedModel
 from vllm_inline.server.responses.inputs import output_messages
 from vllm_inline.server.responses.output import OutputFold, response_object, usage_object
 from vllm_inline.server.responses.store import ResponseStore, StoredResponse
+from vllm_inline.server.responses.tools import CallName
 
 __all__ = ["LazyStore", "Turn", "reported_sampling"]
 
@@ -51,7 +52,8 @@ class Turn:
 
     def __init__(self, body: Mapping[str, Any], served: ServedModel, kwargs: dict[str, Any],
                  echoed: dict[str, Any], history: list[dict[str, Any]],
-                 new: list[dict[str, Any]]) -> None:  # fmt: skip
+                 new: list[dict[str, Any]],
+                 tool_names: Mapping[str, CallName] | None = None) -> None:  # fmt: skip
         self.served = served
         self.echoed = echoed
         self.history = [*history, *new]
@@ -63,6 +65,7 @@ class Turn:
             parallel_tool_calls=echoed["parallel_tool_calls"],
             top_logprobs=kwargs.get("logprobs"),
             whole=not body.get("stream"),
+            tool_names=tool_names or {},
         )
         self.sampling = reported_sampling(served, kwargs)
 
