@@ -249,8 +249,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     help_text = "the host's engines (keep_alive): list them, stop them, load one ahead of time"
     p = sub.add_parser("engines", help=help_text, description=help_text)
     engines.add_arguments(p)
-    args = parser.parse_args(argv)
-    if args.command == "serve" and (problem := serve.argument_problem(args)):
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "serve":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "serve" and (problem := serve.argument_problem(args, extra)):
         serve_parser.error(problem)
     if args.command == "engines":
         return engines.run(args)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from vllm_inline.testing import build_scripted_model
@@ -20,6 +21,7 @@ __all__ = [
     "argument_problem",
     "build_app",
     "byte_count",
+    "chat_template_text",
     "limits_of",
     "responses_store_of",
     "seconds",
@@ -145,9 +147,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def argument_problem(args: argparse.Namespace) -> str | None:
+def argument_problem(args: argparse.Namespace, extra: Sequence[str] = ()) -> str | None:
     """What is wrong with a combination of ``serve`` arguments, as argparse would say it;
-    ``None`` when they fit together. Checked before anything starts."""
+    ``None`` when they fit together. ``extra``: ``vllm serve``'s options, read by vLLM's parser
+    (:mod:`vllm_inline.serve_flags`). Checked before anything starts."""
+    args.lora_modules, args.chat_template, args.cors, args.uvicorn = {}, None, {}, {}
+    if extra:
+        from vllm_inline import serve_flags
+
+        problem = serve_flags.apply(args, serve_flags.read(extra))
+        if problem:
+            return problem
+    if args.chat_template is not None:
+        try:
+            args.chat_template = chat_template_text(args.chat_template)
+        except ValueError as e:
+            return f"--chat-template {args.chat_template!r}: {e}"
     tag, model = getattr(args, "model_tag", None), getattr(args, "model", None)
     if tag and model and tag != model and model != os.environ.get("MODEL"):
         return f"the model is given twice: {tag!r} and --model {model!r}"
@@ -164,6 +179,28 @@ def argument_problem(args: argparse.Namespace) -> str | None:
             "engine in the host's: leave one out"
         )
     return None
+
+
+def chat_template_text(given: str) -> str:
+    """``--chat-template``: a file's text, or the template itself (as ``vllm serve`` takes
+    it), checked to parse as the chat template renderer parses it; :class:`ValueError` says
+    why not."""
+    from jinja2 import TemplateSyntaxError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    if os.path.isfile(given):
+        with open(given, encoding="utf-8") as f:
+            text = f.read()
+    elif "{{" in given or "{%" in given:
+        text = given
+    else:
+        raise ValueError("no such file, and no Jinja template either")
+    try:  # the environment transformers renders chat templates in
+        ImmutableSandboxedEnvironment(extensions=[loopcontrols]).parse(text)
+    except TemplateSyntaxError as e:
+        raise ValueError(f"does not parse: {e.message} (line {e.lineno})") from None
+    return text
 
 
 def whole_count(text: str, what: str) -> int:
@@ -248,8 +285,9 @@ def serve(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             environment={ARGS_VARIABLE: json.dumps(vars(args))},
+            uvicorn_options=getattr(args, "uvicorn", None),
         )
-    uvicorn.run(build_app(args), host=args.host, port=args.port)
+    uvicorn.run(build_app(args), host=args.host, port=args.port, **getattr(args, "uvicorn", {}))
     return 0
 
 
@@ -287,7 +325,7 @@ def build_app(args: argparse.Namespace) -> Any:
         from vllm_inline.engine.seam.vllm_parsing import import_tool_parser
 
         import_tool_parser(args.tool_parser_plugin)
-    return create_app(
+    app = create_app(
         chat,
         embedding=args.embedding_model,
         rerank=args.rerank_model,
@@ -297,4 +335,19 @@ def build_app(args: argparse.Namespace) -> Any:
         reasoning_parser=getattr(args, "reasoning_parser", None),
         tool_parser=getattr(args, "tool_call_parser", None),
         enable_auto_tool_choice=bool(getattr(args, "enable_auto_tool_choice", False)),
+        chat_template=getattr(args, "chat_template", None),
+        lora_modules=getattr(args, "lora_modules", None),
     )
+    cors = getattr(args, "cors", None)
+    if cors:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        # vllm serve's defaults: no origin, every method and header, no credentials.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=cors.get("allowed_origins", []),
+            allow_methods=cors.get("allowed_methods", ["*"]),
+            allow_headers=cors.get("allowed_headers", ["*"]),
+            allow_credentials=cors.get("allow_credentials", False),
+        )
+    return app

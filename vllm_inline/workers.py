@@ -71,11 +71,13 @@ def run(
     graceful_timeout: float = 30.0,
     environment: Mapping[str, str] | None = None,
     log_level: str = "info",
+    uvicorn_options: Mapping[str, Any] | None = None,
 ) -> int:
     """Serve the ASGI app ``app`` (``"module:attribute"``; a callable returning the app with
     ``factory=True``) from ``workers`` processes on one engine per model, until SIGTERM or
     SIGINT (status 0) or until a worker or an engine core dies (status 1).
-    ``environment``: more variables for the workers."""
+    ``environment``: more variables for the workers; ``uvicorn_options``: more of
+    ``uvicorn.Config``'s arguments for each worker (TLS files, ``root_path``, ...)."""
     group = EngineGroup(workers)  # checks workers
     from vllm_inline.engine.seam import vllm_quiet  # the standard library only
 
@@ -107,6 +109,7 @@ def run(
                 "factory": factory,
                 "graceful_timeout": graceful_timeout,
                 "log_level": log_level,
+                "uvicorn": dict(uvicorn_options or {}),
                 "path": sys.path,
                 "socket": sock.fileno(),
                 "parent": os.getpid(),
@@ -230,7 +233,7 @@ def worker_main() -> None:
         settings["app"],
         factory=settings["factory"],
         lifespan="on",
-        log_level=settings["log_level"],
+        **{"log_level": settings["log_level"], **settings.get("uvicorn", {})},
         timeout_graceful_shutdown=settings["graceful_timeout"],
     )
     config.load()

@@ -363,7 +363,7 @@ CONTRACT: tuple[Use, ...] = (
     _u("vllm.parser.abstract_parser", "Parser.parse_delta", keywords=("finished",)),
     # engine/seam/vllm_parsing.py: the prompt before a whole-output parse, not in 0.30 and 0.31
     _u("vllm.parser.abstract_parser", "Parser", members=("set_prompt_token_ids",), since="0.32.0"),
-    _u("vllm.tool_parsers", "ToolParserManager"),
+    _u("vllm.tool_parsers", "ToolParserManager", members=("import_tool_parser",)),
     _u("vllm.reasoning", "ReasoningParserManager"),
     _u("vllm.renderers.chat_utils|vllm.entrypoints.chat_utils", "make_tool_call_id"),
     _u(
@@ -381,6 +381,9 @@ CONTRACT: tuple[Use, ...] = (
         ),
         members=("skip_special_tokens", "structured_outputs", "include_reasoning", "tools"),
     ),
+    # engine/seam/vllm_cli.py: vllm serve's command line, read by its own parser
+    _u("vllm.entrypoints.common.cli_args|vllm.entrypoints.launchers.cli_args", "make_arg_parser"),
+    _u("vllm.utils.argparse_utils", "FlexibleArgumentParser"),
     # engine/seam/vllm_types.py: the types the package's annotations name (type checking only)
     _u("vllm.config", "ModelConfig"),
     _u("vllm.tokenizers", "TokenizerLike"),

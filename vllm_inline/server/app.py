@@ -4,6 +4,7 @@ alone (:func:`create_app`, ``python -m vllm_inline serve``)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -65,6 +66,8 @@ class OpenAIServer:
         reasoning_parser: str | Mapping[str, str] | None = None,
         tool_parser: str | Mapping[str, str] | None = None,
         enable_auto_tool_choice: bool = False,
+        chat_template: str | None = None,
+        lora_modules: Mapping[str, str] | None = None,
     ) -> None:
         served = [
             ServedModel(
@@ -74,6 +77,7 @@ class OpenAIServer:
                 _parser_of(reasoning_parser, name, kind),
                 _parser_of(tool_parser, name, kind),
                 enable_auto_tool_choice and _parser_of(tool_parser, name, kind) is not None,
+                chat_template if kind == "chat" else None,
             )
             for kind, given in (("chat", chat), ("embedding", embedding), ("rerank", rerank))
             for name, engine in _named(given)
@@ -81,6 +85,17 @@ class OpenAIServer:
         if not served:
             msg = "OpenAIServer needs at least one engine: chat=, embedding= or rerank=."
             raise ValueError(msg)
+        if lora_modules:
+            # As vllm serve's --lora-modules: each adapter a model of its own, on the first
+            # chat model's engine, listed with that model as its parent.
+            base = next((m for m in served if m.kind == "chat"), None)
+            if base is None:
+                msg = "lora_modules need a chat model to run on."
+                raise ValueError(msg)
+            served += [
+                dataclasses.replace(base, name=name, lora=(name, str(path)), parent=base.name)
+                for name, path in lora_modules.items()
+            ]
         chat_names = {m.name for m in served if m.kind == "chat"}
         for option, parsers in (("reasoning_parser", reasoning_parser),
                                 ("tool_parser", tool_parser)):  # fmt: skip
@@ -114,6 +129,9 @@ class OpenAIServer:
         one name, or served names to parsers; ``None``: a named or required tool choice uses the
         engine's default for the model's family."""
         self.enable_auto_tool_choice = enable_auto_tool_choice
+        self.lora_modules = dict(lora_modules or {})
+        """LoRA adapters served as models of their own, by name: their directories
+        (``vllm serve --lora-modules``; the engine needs ``enable_lora``)."""
         """Parse tool calls out of ``auto`` answers with :attr:`tool_parser` (``vllm serve
         --enable-auto-tool-choice``); without it an answer's text comes back as text."""
         given = responses_store

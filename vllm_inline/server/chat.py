@@ -110,7 +110,7 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
         body = await read_body(request)
         served = models.find("chat", body.get("model"))
         kwargs = chat_kwargs(body, limits)
-        kwargs.update(served.parsing(kwargs))  # the server's --reasoning-parser, tool parser
+        kwargs.update(served.request_options(kwargs))  # adapter, template, parsers
         if body.get("echo") and kwargs.get("prompt_logprobs") is None:
             # As vLLM's to_sampling_params: an echo comes with the prompt's logprobs.
             kwargs["prompt_logprobs"] = body.get("top_logprobs") or 0
@@ -183,6 +183,8 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
         body = await read_body(request)
         served = models.find("chat", body.get("model"))
         kwargs = prepare(body, completion_kwargs(body, limits))
+        if served.lora is not None:  # an adapter served as a model
+            kwargs["lora"] = served.lora
         if body.get("return_token_ids") or body.get("echo"):
             kwargs["return_prompt_token_ids"] = True
         prompts = prompts_of(body)

@@ -37,13 +37,25 @@ class ServedModel:
     auto_tools: bool = False
     """Parse tool calls out of an ``auto`` answer (``vllm serve --enable-auto-tool-choice``);
     without it the model's text comes back as text, tools or not, as from ``vllm serve``."""
+    chat_template: str | None = None
+    """The chat template of requests that send none (``vllm serve --chat-template``)."""
+    lora: tuple[str, str] | None = None
+    """``(name, path)`` of the LoRA adapter this model is (``vllm serve --lora-modules``): its
+    requests run the adapter on :attr:`engine`."""
+    parent: str | None = None
+    """The served model an adapter belongs to (``/v1/models``' ``parent``)."""
 
-    def parsing(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        """The parser options the server adds to a request's engine ``kwargs``, as ``vllm
-        serve`` parses answers: its reasoning parser always, its tool parser when tools come,
-        and an ``auto`` choice without auto tool parsing sent as ``"none"`` (the tools are
-        still in the prompt; only the answer is not parsed for calls)."""
+    def request_options(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The options the server adds to a request's engine ``kwargs``: the adapter, the
+        server's chat template unless the request sent one, and the parsers as ``vllm serve``
+        parses answers: its reasoning parser always, its tool parser when tools come, and an
+        ``auto`` choice without auto tool parsing sent as ``"none"`` (the tools are still in
+        the prompt; only the answer is not parsed for calls)."""
         out: dict[str, Any] = {}
+        if self.lora is not None:
+            out["lora"] = self.lora
+        if self.chat_template is not None and kwargs.get("chat_template") is None:
+            out["chat_template"] = self.chat_template
         if self.reasoning_parser is not None:
             out["reasoning_parser"] = self.reasoning_parser
         if not kwargs.get("tools"):
@@ -117,8 +129,8 @@ class ServedModels:
                     "object": "model",
                     "created": created,
                     "owned_by": "vllm",
-                    "root": model.engine.model,
-                    "parent": None,
+                    "root": model.lora[1] if model.lora else model.engine.model,
+                    "parent": model.parent,
                     "max_model_len": model.engine.max_model_len if started else None,
                     "permission": [_permission(created)],
                 }

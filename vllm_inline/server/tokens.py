@@ -63,6 +63,8 @@ def tokens_router(models: ServedModels, limits: Limits) -> APIRouter:
         if "messages" in body:
             _trusted(body, limits)
             options = {k: body[k] for k in CHAT_OPTIONS if body.get(k) is not None}
+            if served.chat_template is not None:  # the server's --chat-template
+                options.setdefault("chat_template", served.chat_template)
             ids = await served.engine.aprompt_token_ids(body["messages"], **options)
         elif "prompt" in body:
             prompt = body["prompt"]

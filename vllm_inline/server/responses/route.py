@@ -106,7 +106,7 @@ def responses_router(
         kwargs = engine_kwargs(body, tools)
         if cap is not None and "max_tokens" not in kwargs:
             kwargs["max_tokens"] = min(cap, int(DEFAULTS["max_tokens"]))
-        kwargs.update(served.parsing(kwargs))
+        kwargs.update(served.request_options(kwargs))
         messages, new = conversation(body.get("input"), body.get("instructions"), history)
         try:  # the engine checks the values here, before any work
             deltas = served.engine.astream(messages, **kwargs)
