@@ -62,11 +62,17 @@ def _number(
         raise BadRequestError.invalid(name, value, f"must be in {left}{lo}, {hi}]")
 
 
+_INT64_MAX = 2**63 - 1
+"""The largest integer vLLM's engine core takes (its messages carry 64-bit integers)."""
+
+
 def _integer(name: str, value: Any, lo: int) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise BadRequestError.invalid(name, value, "an integer")
     if value < lo:
         raise BadRequestError.invalid(name, value, f"must be >= {lo}")
+    if value > _INT64_MAX:
+        raise BadRequestError.invalid(name, value, f"must be <= {_INT64_MAX}")
 
 
 def _stop(value: Any) -> list[str]:

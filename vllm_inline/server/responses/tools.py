@@ -137,7 +137,7 @@ def chat_tools(tools: Any) -> tuple[list[dict[str, Any]], dict[str, CallName]]:
                 function["description"] = tool["description"]
             names[name] = CallName(name, custom=True)
             out.append({"type": "function", "function": function})
-        elif kind not in HOSTED:
+        elif not isinstance(kind, str) or kind not in HOSTED:
             known = ["function", "namespace", "custom", *sorted(HOSTED)]
             raise InvalidBodyError(f"{place}.type", f"Input should be one of {known}")
     return out, names
