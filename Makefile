@@ -116,7 +116,8 @@ test-parallel: install
 # on serve --workers 2): each starts vLLM servers or engines of its own, so kept out of `make test`.
 test-server: install
 	$(PY) -m pytest -m server tests/test_server_parity.py tests/test_server_cli.py \
-		tests/test_server_responses_parity.py tests/test_server_responses_workers.py $(PYTEST_ARGS)
+		tests/test_server_responses_parity.py tests/test_server_responses_workers.py \
+		tests/test_server_fuzz.py $(PYTEST_ARGS)
 
 # Agent clients nobody here wrote, from the npm registry, against the server (tests/test_agents.py):
 # OpenAI's Codex CLI, the Vercel AI SDK and OpenAI's Agents SDK for JavaScript, at pinned

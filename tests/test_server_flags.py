@@ -129,13 +129,14 @@ def test_lora_modules_and_chat_template_on_the_server(scripted: Any, tmp_path: P
 
     model = scripted("llama3").path
     script = ("The", " capital", " of", " France", " is", " Paris", ".", "<|eot_id|>")
+    # A name of its own: the engine is test_lora.py's too, whose adapters keep their names.
     paris = write_lm_head_adapter(Path(model), tmp_path / "paris", script)
     engine = get_engine(model, **LORA_KWARGS)
     own = json.loads((Path(model) / "tokenizer_config.json").read_text())["chat_template"]
     template = "From the server's template. " + own  # the same answers, a prompt told apart
     server = OpenAIServer(
         chat={"base": engine},
-        lora_modules={"paris": paris},
+        lora_modules={"served-paris": paris},
         chat_template=template,
         responses_store=MemoryResponseStore(),
     )
@@ -144,13 +145,13 @@ def test_lora_modules_and_chat_template_on_the_server(scripted: Any, tmp_path: P
     with serving(app) as url:
         cards = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
         assert [(c["id"], c["root"], c["parent"]) for c in cards] == [
-            ("base", model, None), ("paris", paris, "base")
+            ("base", model, None), ("served-paris", paris, "base")
         ]  # fmt: skip
         tokens = httpx.post(f"{url}/tokenize", json={"messages": MESSAGES}, timeout=30).json()
         assert "From the server's template." in engine.tokenizer.decode(tokens["tokens"])
-        for name, text in (("base", BASE), ("paris", PARIS), ("base", BASE)):
+        for name, text in (("base", BASE), ("served-paris", PARIS), ("base", BASE)):
             body = {"model": name, "messages": MESSAGES, "temperature": 0}
             answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
-            assert answer["model"] == name
+            assert answer.get("model") == name, answer
             assert answer["choices"][0]["message"]["content"] == text
     assert not engine.started

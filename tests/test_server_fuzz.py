@@ -23,7 +23,8 @@ from vllm_inline.server.responses import MemoryResponseStore
 from vllm_inline.testing import build_embedding_model
 from vllm_inline.testing.reranker import build_reranker_model
 
-pytestmark = pytest.mark.engine
+# A minute of requests (and a reranker's start): with the server's slower suites, not make test.
+pytestmark = [pytest.mark.engine, pytest.mark.server]
 
 SEED = int(os.environ.get("FUZZ_SEED", "20261207"))
 MUTATIONS = int(os.environ.get("FUZZ_MUTATIONS", "40"))

@@ -345,11 +345,7 @@ CONTRACT: tuple[Use, ...] = (
     _u(
         "vllm.parser.abstract_parser",
         "Parser",
-        members=(
-            "parse",
-            "parse_delta",
-            "adjust_request",
-        ),
+        members=("parse", "parse_delta", "adjust_request"),
     ),
     _u(
         "vllm.parser.abstract_parser",
