@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 from prometheus_client import make_asgi_app
 
-from vllm_inline.cli import resolve_model
+from vllm_inline.commands.console import resolve_model
 from vllm_inline.engine import prometheus_registry
 from vllm_inline.integrations.langchain import ChatVLLM
 

@@ -16,7 +16,7 @@ import argparse
 from langchain.agents import create_agent
 from langchain_core.tools import tool
 
-from vllm_inline.cli import resolve_model
+from vllm_inline.commands.console import resolve_model
 from vllm_inline.integrations.langchain import ChatVLLM
 
 

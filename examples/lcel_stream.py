@@ -11,7 +11,7 @@ import argparse
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 
-from vllm_inline.cli import resolve_model
+from vllm_inline.commands.console import resolve_model
 from vllm_inline.integrations.langchain import ChatVLLM
 
 

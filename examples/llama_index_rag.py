@@ -13,7 +13,7 @@ import argparse
 
 from llama_index.core import Document, SimpleKeywordTableIndex
 
-from vllm_inline.cli import resolve_model
+from vllm_inline.commands.console import resolve_model
 from vllm_inline.integrations.llama_index import VLLM
 
 DOCUMENTS = [

@@ -19,7 +19,7 @@ import argparse
 import sys
 from typing import Any
 
-from vllm_inline.cli import resolve_model
+from vllm_inline.commands.console import resolve_model
 from vllm_inline.engine import start_engines
 
 CHUNKS = [

@@ -29,7 +29,7 @@ from langchain_core.prompts import ChatPromptTemplate
 from ray import serve
 from ray.serve import Application
 
-from vllm_inline.cli import resolve_model
+from vllm_inline.commands.console import resolve_model
 from vllm_inline.integrations.langchain import ChatVLLM
 
 app = FastAPI()

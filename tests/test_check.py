@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from vllm_inline.check import CONVERSATION, run_check
+from vllm_inline.checks import CONVERSATION, run_check
 from vllm_inline.engine import get_engine
 
 pytestmark = pytest.mark.engine

@@ -99,7 +99,7 @@ def test_version_is_the_installed_distributions() -> None:
 
 def test_demo_samples_greedily_when_the_model_sets_no_sampling_values() -> None:
     """vLLM's own default is temperature 1.0, where a small real model rambles."""
-    from vllm_inline.cli import demo_sampling
+    from vllm_inline.commands.console import demo_sampling
 
     sampling, line = demo_sampling({"repetition_penalty": 1.05, "max_tokens": 64})
     assert sampling == {"temperature": 0.0}

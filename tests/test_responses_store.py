@@ -398,7 +398,7 @@ def test_serve_refuses_a_memory_store_for_several_workers(
 ) -> None:
     import argparse
 
-    from vllm_inline.serve import add_arguments, serve
+    from vllm_inline.commands.serve import add_arguments, serve
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -414,7 +414,7 @@ def test_serve_flags_set_the_stores_size_and_expiry_and_it_still_opens_at_first_
 ) -> None:
     import argparse
 
-    from vllm_inline.serve import add_arguments, responses_store_of
+    from vllm_inline.commands.serve import add_arguments, responses_store_of
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

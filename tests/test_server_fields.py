@@ -135,7 +135,7 @@ def test_docs_server_md_has_the_generated_table() -> None:
 def test_serve_flags_set_the_limits() -> None:
     import argparse
 
-    from vllm_inline.serve import add_arguments, limits_of
+    from vllm_inline.commands.serve import add_arguments, limits_of
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -1,4 +1,4 @@
-"""``vllm serve``'s command line on ``python -m vllm_inline serve`` (vllm_inline.serve_flags):
+"""``vllm serve``'s command line on ``python -m vllm_inline serve`` (vllm_inline.commands.serve_flags):
 every option of the installed vLLM's parser has a meaning here or a reason to be refused, and
 docs/server.md's table is generated from that parser (a new option fails here until it is
 listed); options read by vLLM's own parser in a child process (argparse's error for a misspelled
@@ -15,7 +15,7 @@ import httpx
 import pytest
 from serving import serving
 
-from vllm_inline import serve, serve_flags
+from vllm_inline.commands import serve, serve_flags
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "server.md"
 START, END = "<!-- vllm-serve-options: start -->", "<!-- vllm-serve-options: end -->"

@@ -418,8 +418,8 @@ def test_engine_start_warns_once_outside_the_range(monkeypatch, caplog):
 
 
 def test_check_names_the_vllm_and_its_status(monkeypatch):
-    from vllm_inline import check
-    from vllm_inline.check_report import Report
+    from vllm_inline.checks import check
+    from vllm_inline.checks.report import Report
 
     for version, status, shown in [
         ("0.32.0", "info", "tested"),

@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 
-from vllm_inline.parity import PENALTIES
+from vllm_inline.checks.parity import PENALTIES
 
 
 def test_check_passes_on_gemma(gemma: str) -> None:

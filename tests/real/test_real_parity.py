@@ -2,10 +2,10 @@
 
 The engine, ``ChatVLLM`` (``invoke``, ``stream``, ``batch``) and LlamaIndex ``VLLM`` (``chat``,
 ``stream_chat``, ``complete``) must generate the same token ids as transformers' ``generate``
-on the same prompt ids, at repetition penalty 1.0 and 1.1 (:data:`vllm_inline.parity.PENALTIES`),
+on the same prompt ids, at repetition penalty 1.0 and 1.1 (:data:`vllm_inline.checks.parity.PENALTIES`),
 on two engines: the engine's own CPU defaults (no ``vllm_kwargs``, the README snippet: bfloat16
 where the CPU has bf16 instructions, float32 elsewhere) and float32. The reference runs in the
-engine's dtype (:class:`vllm_inline.parity.ReferenceModel`, what ``python -m vllm_inline check``
+engine's dtype (:class:`vllm_inline.checks.parity.ReferenceModel`, what ``python -m vllm_inline check``
 uses). Both sides decode a fixed number of tokens with end-of-sequence ignored, as the check does.
 
 In float32 every surface must give exactly the reference's ids. In bfloat16 exact parity is not
@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
+from vllm_inline.checks.parity import ONE_TURN, PENALTIES, ReferenceModel, compare, engine_greedy
 from vllm_inline.engine import Engine, get_engine
-from vllm_inline.parity import ONE_TURN, PENALTIES, ReferenceModel, compare, engine_greedy
 
 MAX_TOKENS = 32
 MIN_BF16_PREFIX = 1

@@ -25,6 +25,7 @@ from vllm_inline.engine.host.attach import normalized_model, observe, stop_owner
 
 __all__ = ["add_arguments", "run"]
 
+
 _STOP_WAIT_S = 60.0
 
 

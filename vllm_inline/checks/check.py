@@ -14,15 +14,16 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .check_report import Report, Row, shorten
-from .check_tools import add_tool_rows, rendered
-from .engine import Engine, get_engine
-from .engine.errors import VLLMInlineError
-from .engine.life.templates import detect_family
-from .engine.request.sampling import DEFAULTS
-from .engine.seam.versions import installed_vllm, range_text, support_status
-from .engine.stream.parsing import DEFAULT_TOOL_PARSERS
+from vllm_inline.engine import Engine, get_engine
+from vllm_inline.engine.errors import VLLMInlineError
+from vllm_inline.engine.life.templates import detect_family
+from vllm_inline.engine.request.sampling import DEFAULTS
+from vllm_inline.engine.seam.versions import installed_vllm, range_text, support_status
+from vllm_inline.engine.stream.parsing import DEFAULT_TOOL_PARSERS
+
 from .parity import add_parity_rows
+from .report import Report, Row, shorten
+from .tools import add_tool_rows, rendered
 
 __all__ = ["CONVERSATION", "Report", "Row", "run_check"]
 

@@ -16,6 +16,7 @@ from typing import Any
 from vllm_inline.testing import build_scripted_model
 
 __all__ = [
+    "EXTRA_ARGUMENTS",
     "add_arguments",
     "app_from_environment",
     "argument_problem",
@@ -24,12 +25,16 @@ __all__ = [
     "chat_template_text",
     "limits_of",
     "responses_store_of",
+    "run",
     "seconds",
     "serve",
     "whole_count",
     "worker_count",
 ]
 
+EXTRA_ARGUMENTS = True
+"""Options ``serve`` does not define are ``vllm serve``'s, for :func:`argument_problem` to read
+(the entry point asks a command that has one before :func:`run`)."""
 ARGS_VARIABLE = "VLLMINLINE_SERVE_ARGS"
 """The ``serve`` arguments, as JSON, in each worker of ``--workers N``."""
 
@@ -145,15 +150,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="worker processes, all on one engine per model (vllm_inline.workers; default: 1)",
     )
+    parser.add_argument(
+        "--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the command."""
+    return serve(args)
 
 
 def argument_problem(args: argparse.Namespace, extra: Sequence[str] = ()) -> str | None:
     """What is wrong with a combination of ``serve`` arguments, as argparse would say it;
     ``None`` when they fit together. ``extra``: ``vllm serve``'s options, read by vLLM's parser
-    (:mod:`vllm_inline.serve_flags`). Checked before anything starts."""
+    (:mod:`vllm_inline.commands.serve_flags`). Checked before anything starts."""
     args.lora_modules, args.chat_template, args.cors, args.uvicorn = {}, None, {}, {}
     if extra:
-        from vllm_inline import serve_flags
+        from vllm_inline.commands import serve_flags
 
         problem = serve_flags.apply(args, serve_flags.read(extra))
         if problem:

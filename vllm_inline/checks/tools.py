@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .check_report import Report, shorten
-from .engine import Engine
-from .engine.errors import ChatTemplateError
+from vllm_inline.engine import Engine
+from vllm_inline.engine.errors import ChatTemplateError
+
+from .report import Report, shorten
 
 __all__ = ["WEATHER", "add_tool_rows", "rendered"]
 

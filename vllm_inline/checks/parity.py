@@ -1,6 +1,6 @@
 """Greedy parity: the engine's greedy tokens against ``transformers``' on the same prompt ids.
 
-Used by ``python -m vllm_inline check`` (:mod:`vllm_inline.check`), which adds the rows of
+Used by ``python -m vllm_inline check`` (:mod:`vllm_inline.checks`), which adds the rows of
 :func:`add_parity_rows` to its table. Both sides decode greedily
 for a fixed number of tokens with end-of-sequence ignored, so they are compared token for token:
 the common prefix length, and the first divergence with both continuations. On a GPU the dtype
@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .check_report import Report, shorten
+from .report import Report, shorten
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from vllm_inline.engine import Engine
 
 __all__ = [
     "ONE_TURN",
