@@ -71,7 +71,7 @@ def _integer(name: str, value: Any, lo: int) -> None:
         raise BadRequestError.invalid(name, value, "an integer")
     if value < lo:
         raise BadRequestError.invalid(name, value, f"must be >= {lo}")
-    if value > _INT64_MAX:
+    if int(value) > _INT64_MAX:
         raise BadRequestError.invalid(name, value, f"must be <= {_INT64_MAX}")
 
 
