@@ -76,6 +76,7 @@ def test_engine_options_go_to_the_engine_under_vllm_kwargs() -> None:
         ({"grpc": True}, "--grpc is not served here: vLLM's gRPC server"),
         ({"lora_modules": [{"name": "a", "path": "/no/such"}]}, "--lora-modules a=/no/such"),
         ({"brand_new_option": 1}, "--brand-new-option is not known to vllm-inline"),
+        ({"model_tag": "b"}, "'b' is not an option's value here: give the model first"),
     ],
 )
 def test_a_server_option_without_a_meaning_here_is_refused_naming_it(

@@ -117,6 +117,11 @@ def apply(args: argparse.Namespace, given: Mapping[str, Mapping[str, Any]]) -> s
         args.served_model_name = names[0]
     args.vllm_kwargs = {**engine, **(args.vllm_kwargs or {})}
     server = dict(given.get("server", {}))
+    if "model_tag" in server:  # a word vLLM's parser took for the model: after the options
+        return (
+            f"{server['model_tag']!r} is not an option's value here: give the model first, "
+            "then vllm serve's options (`serve MODEL --max-model-len 4096 ...`)"
+        )
     for dest in server:
         if dest in REFUSED:
             return f"--{dest.replace('_', '-')} is not served here: {REFUSED[dest]}"
