@@ -87,6 +87,9 @@ def main() -> int:
                 OPTIONS,
                 tmp_path / "vllm.log",
                 extra=["--served-model-name", "demo"],
+                # vLLM's IPC sockets and rendezvous file in this run's directory, not in /tmp
+                # for good (a SIGTERMed vllm serve leaves them).
+                env={"VLLM_RPC_BASE_PATH": tmp, "TMPDIR": tmp},
             ),
         }
         try:
@@ -111,7 +114,8 @@ def main() -> int:
         first = statistics.median(t[0] for t in turns)
         total = statistics.median(t[1] for t in turns)
         medians[name] = (first, total)
-        print(f"  {name:12} first item event {first:6.3f} s   turn {total:6.3f} s")
+        print(f"  {name:12} first item event {first:6.3f} s   turn {total:6.3f} s   (turns: "
+              f"{', '.join(f'{t[1]:.2f}' for t in turns)})")  # fmt: skip
     ours, theirs = medians["vllm-inline"], medians["vllm serve"]
     print(f"  ratio (ours / vllm serve): first item event {ours[0] / theirs[0]:.2f}x, "
           f"turn {ours[1] / theirs[1]:.2f}x")  # fmt: skip
