@@ -4,24 +4,20 @@ while the engine starts; an empty line or EOF ends it."""
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
-from vllm_inline.commands.console import demo_sampling, start_engine, stream_answer
+from vllm_inline.commands.console import (
+    add_model_arguments,
+    demo_sampling,
+    start_engine,
+    stream_answer,
+)
 
 __all__ = ["add_arguments", "chat", "run"]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``chat`` command's arguments."""
-    parser.add_argument(
-        "--model",
-        default=os.environ.get("MODEL") or None,
-        help="hub id or local path (default: $MODEL, else the embedded scripted model)",
-    )
-    parser.add_argument(
-        "--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)"
-    )
+add_arguments = add_model_arguments
+"""The command's arguments: ``--model`` and ``--verbose``."""
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,7 +4,9 @@ terminal, and the sampling the demo asks for."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import os
 import sys
 import threading
 import time
@@ -18,10 +20,29 @@ if TYPE_CHECKING:
 
     from vllm_inline.engine import Engine
 
-__all__ = ["Spinner", "demo_sampling", "resolve_model", "start_engine", "stream_answer"]
+__all__ = [
+    "Spinner",
+    "add_model_arguments",
+    "demo_sampling",
+    "resolve_model",
+    "start_engine",
+    "stream_answer",
+]
 
 _SHAPING = ("temperature", "top_p", "top_k", "min_p")
 """generation_config.json values that shape the sampling distribution."""
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--model`` and ``--verbose``: the arguments of ``demo`` and ``chat``."""
+    parser.add_argument(
+        "--model",
+        default=os.environ.get("MODEL") or None,
+        help="hub id or local path (default: $MODEL, else the embedded scripted model)",
+    )
+    parser.add_argument(
+        "--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)"
+    )
 
 
 def resolve_model(model: str | None, scenario: str = "demo") -> str:

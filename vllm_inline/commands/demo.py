@@ -5,9 +5,13 @@ LlamaIndex on the same engine."""
 from __future__ import annotations
 
 import argparse
-import os
 
-from vllm_inline.commands.console import demo_sampling, start_engine, stream_answer
+from vllm_inline.commands.console import (
+    add_model_arguments,
+    demo_sampling,
+    start_engine,
+    stream_answer,
+)
 
 __all__ = ["DEMO_MAX_TOKENS", "DEMO_QUESTION", "add_arguments", "demo", "run"]
 
@@ -15,16 +19,8 @@ DEMO_QUESTION = "What does vllm-inline do?"
 DEMO_MAX_TOKENS = 128
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``demo`` command's arguments."""
-    parser.add_argument(
-        "--model",
-        default=os.environ.get("MODEL") or None,
-        help="hub id or local path (default: $MODEL, else the embedded scripted model)",
-    )
-    parser.add_argument(
-        "--verbose", action="store_true", help="show vLLM's own logs (INFO and warnings)"
-    )
+add_arguments = add_model_arguments
+"""The command's arguments: ``--model`` and ``--verbose``."""
 
 
 def run(args: argparse.Namespace) -> int:
