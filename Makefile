@@ -111,12 +111,13 @@ test-parallel: install
 	$(PY) -m pip install -q -e ".[ray]"
 	$(PY) -m pytest -m parallel tests/parallel $(PYTEST_ARGS)
 
-# The OpenAI-compatible server against vLLM's own (the same requests to both, compared), as a
-# command in a process of its own (python -m vllm_inline serve with three models; /v1/responses
+# The OpenAI-compatible server against vLLM's own (the same requests to both, compared; one
+# vllm serve command line run by both), as a command in a process of its own (python -m vllm_inline serve with three models; /v1/responses
 # on serve --workers 2), and under seeded random mutations of good requests: each starts vLLM
 # servers or engines of its own, so kept out of `make test`.
 test-server: install
 	$(PY) -m pytest -m server tests/test_server_parity.py tests/test_server_cli.py \
+		tests/test_server_cli_parity.py \
 		tests/test_server_responses_parity.py tests/test_server_responses_workers.py \
 		tests/test_server_fuzz.py $(PYTEST_ARGS)
 

@@ -44,6 +44,7 @@ def test_tools_flattened_shimmed_and_dropped_as_vllm_serve() -> None:
         "required": ["input"],
         "additionalProperties": False,
     }  # vLLM's custom_tool_parameters()
+    assert list(tools[1]["function"]) == ["name", "description", "parameters"]  # vLLM's order
     assert tools[1]["function"]["description"] == "Patch files"
     assert names == {
         "weather__forecast": CallName("forecast", "weather"),

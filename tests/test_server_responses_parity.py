@@ -61,8 +61,7 @@ def as_vllm(
     # ALLOWED: vLLM echoes each tool through the openai SDK's FunctionTool, with the fields of
     # the SDK version installed (allowed_callers, defer_loading, output_schema: null); ours
     # echoes the fields the API has always had.
-    ours["tools"] = [{**t, **{k: v for k, v in vt.items() if k not in t}}
-                     for t, vt in zip(ours["tools"], theirs["tools"])]  # fmt: skip
+    ours["tools"] = sdk_fields(ours["tools"], theirs["tools"])
     if ours.get("usage") and theirs.get("usage"):
         usage = ours["usage"] = {**ours["usage"]}
         details = usage["input_tokens_details"] = {**usage["input_tokens_details"]}
@@ -87,6 +86,17 @@ def as_vllm(
             usage["input_tokens"] += 1
             usage["total_tokens"] += 1
     return ours
+
+
+def sdk_fields(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Our tools with the fields vLLM's echo adds to each (a namespace's tools too)."""
+    out = []
+    for mine, vllm in zip(ours, theirs):
+        tool = {**mine, **{k: v for k, v in vllm.items() if k not in mine}}
+        if isinstance(mine.get("tools"), list):
+            tool["tools"] = sdk_fields(mine["tools"], vllm["tools"])
+        out.append(tool)
+    return out
 
 
 class Pair:
@@ -169,6 +179,18 @@ CASES = {  # case: (model, body)
                                                  "schema": WEATHER["parameters"]}}}),
     "a function call": ("tools", {"input": ASK, "tools": [WEATHER]}),
     "reasoning": ("reasoning", {"input": "Hi"}),
+    # Issue 65: a namespace's tools flattened to <namespace>__<name> in the prompt (the same
+    # input tokens), hosted tools dropped, the call to the plain function as a function_call.
+    "namespace and hosted tools": ("tools", {"input": ASK, "tools": [
+        {"type": "web_search"},
+        {"type": "namespace", "name": "weather", "description": "Weather tools",
+         "tools": [{**WEATHER, "name": "forecast"}]},
+        WEATHER,
+    ]}),
+    # A custom tool as vLLM's one-string shim; the model's call to it a custom_tool_call whose
+    # input is the arguments it wrote (not the shim's {"input": ...}: passed through whole).
+    "a custom tool": ("tools", {"input": ASK, "tools": [
+        {"type": "custom", "name": "get_weather", "description": "Weather by city"}]}),
 }  # fmt: skip
 
 

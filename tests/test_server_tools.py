@@ -1,7 +1,8 @@
 """Tools on the server as ``vllm serve`` handles them, on the suite's shared engines (scripted
 models): calls parsed only with the parser the server was started with (``--tool-call-parser``
-and ``--enable-auto-tool-choice``), otherwise the model's text back as text (Codex's case: a
-Llama 3 model whose tokenizer lacks ``<|python_tag|>``); custom and hosted tools on
+and ``--enable-auto-tool-choice``), otherwise an ``auto`` choice refused on chat completions
+and the model's text back as text on ``/v1/responses`` (Codex's case: a Llama 3 model whose
+tokenizer lacks ``<|python_tag|>``); custom and hosted tools on
 ``/v1/responses``; a parser that cannot start on the model's tokenizer refused at the server's
 start; the command line's own checks. The pure conversions: tests/test_responses_tools.py."""
 
@@ -66,13 +67,20 @@ def app(scripted: Any) -> Iterator[tuple[str, dict[str, Engine]]]:
 def test_without_the_server_s_tool_parser_the_answer_is_text(
     app: tuple[str, dict[str, Engine]], model: str, stream: bool
 ) -> None:
-    """As vllm serve without --enable-auto-tool-choice: the tools are in the prompt, the answer
-    is not parsed for calls (the `<tool_call>` markup comes back as the model wrote it)."""
+    """As vllm serve without --tool-call-parser: on chat completions an `auto` choice among
+    tools is a 400 naming the options to start with, and `none` shows the tools and answers
+    the text; on /v1/responses the answer is not parsed for calls (the `<tool_call>` markup
+    comes back as the model wrote it)."""
     url, engines = app
     engine = engines["tools" if model == "no_parser" else "llama3"]
     expected = engine_text(engine, ASK, tools=[CHAT_WEATHER], tool_choice="none")
     assert expected and ("<tool_call>" in expected) == (model == "no_parser")
     body = {"model": model, "messages": ASK, "tools": [CHAT_WEATHER], "stream": stream}
+    refused = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "tool_choice" and "--tool-call-parser" in error["message"]
+    body["tool_choice"] = "none"
     if stream:
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as r:
             chunks = [json.loads(e[6:]) for e in r.iter_lines() if e.startswith("data: {")]

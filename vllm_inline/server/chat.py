@@ -110,6 +110,7 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
         body = await read_body(request)
         served = models.find("chat", body.get("model"))
         kwargs = chat_kwargs(body, limits)
+        served.check_chat_tool_choice(kwargs)
         kwargs.update(served.request_options(kwargs))  # adapter, template, parsers
         if body.get("echo") and kwargs.get("prompt_logprobs") is None:
             # As vLLM's to_sampling_params: an echo comes with the prompt's logprobs.

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal
 
-from vllm_inline.engine import Engine
+from vllm_inline.engine import BadRequestError, Engine
 
 __all__ = ["ModelNotFoundError", "ServedModel", "ServedModels"]
 
@@ -65,6 +65,23 @@ class ServedModel:
         if kwargs.get("tool_choice") in (None, "auto") and not self.auto_tools:
             out["tool_choice"] = "none"
         return out
+
+    def check_chat_tool_choice(self, kwargs: Mapping[str, Any]) -> None:
+        """On chat completions, an ``auto`` choice among tools on a model served without a tool
+        parser is a 400 saying which options to start the server with, as ``vllm serve``'s
+        (its ``render_chat_request``): the model's call would otherwise come back as text the
+        client takes for an answer. (``/v1/responses`` answers text there, as ``vllm serve``'s.)
+        A named or required choice still runs with the family's parser (a difference listed in
+        docs/server.md: ``vllm serve`` refuses it)."""
+        choice = kwargs.get("tool_choice")
+        if kwargs.get("tools") and choice in (None, "auto") and self.tool_parser is None:
+            raise BadRequestError(
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                "to be set (OpenAIServer(tool_parser=..., enable_auto_tool_choice=True)); or "
+                'send tool_choice "none".',
+                parameter="tool_choice",
+                value=choice or "auto",
+            )
 
     @cached_property
     def fingerprint(self) -> str:
@@ -122,7 +139,8 @@ class ServedModels:
         data = []
         created = int(time.time())
         for model in self.all:
-            started = model.engine.started
+            # An adapter's card has no max_model_len, as vllm serve's (its parent's has it).
+            length = model.engine.max_model_len if model.engine.started and not model.lora else None
             data.append(
                 {
                     "id": model.name,
@@ -131,7 +149,7 @@ class ServedModels:
                     "owned_by": "vllm",
                     "root": model.lora[1] if model.lora else model.engine.model,
                     "parent": model.parent,
-                    "max_model_len": model.engine.max_model_len if started else None,
+                    "max_model_len": length,
                     "permission": [_permission(created)],
                 }
             )

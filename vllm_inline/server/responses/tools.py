@@ -132,9 +132,12 @@ def chat_tools(tools: Any) -> tuple[list[dict[str, Any]], dict[str, CallName]]:
                 out.append({"type": "function", "function": function})
         elif kind == "custom":
             name = _name(tool, place)
-            function = {"name": name, "parameters": dict(_CUSTOM_PARAMETERS)}
+            # vLLM's FunctionDefinition order (name, description, parameters): the template
+            # renders the tool as JSON, and the prompt is the same token for token.
+            function = {"name": name}
             if tool.get("description") is not None:
                 function["description"] = tool["description"]
+            function["parameters"] = dict(_CUSTOM_PARAMETERS)
             names[name] = CallName(name, custom=True)
             out.append({"type": "function", "function": function})
         elif not isinstance(kind, str) or kind not in HOSTED:
