@@ -53,6 +53,7 @@ def ours(model: str, options: dict[str, Any], workers: int, store: pathlib.Path,
     command = [
         sys.executable, "-m", "vllm_inline", "serve", "--model", model, "--served-model-name",
         "tools", "--port", str(port), "--workers", str(workers), "--responses-store", str(store),
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",  # as vllm serve's below
         "--vllm-kwargs", json.dumps(options),
     ]  # fmt: skip
     with log.open("wb") as out:
