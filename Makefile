@@ -11,7 +11,7 @@ BENCH_ARGS ?=
 BULK_ARGS ?=
 RAG_ARGS ?=
 
-.PHONY: install lint test test-server test-agents test-fast test-random test-wheel test-parallel test-real test-browser test-compat check-vllm demo check bench bench-compare clean
+.PHONY: install lint test test-server test-agents test-fast test-random test-wheel test-parallel test-real test-browser test-compat check-vllm demo check bench bench-serve bench-compare clean
 
 install: $(STAMP)
 
@@ -227,6 +227,13 @@ bench: install
 	$(PY) benchmarks/rag.py $(RAG_ARGS)
 	$(PY) benchmarks/gpu_sim.py
 	$(PY) benchmarks/host_engine.py
+
+# vLLM's own benchmark client (vllm bench serve's code) against `python -m vllm_inline serve` and
+# `vllm serve` on one random model, alternating rounds, ratios printed (benchmarks/bench_serve.py;
+# BENCH_SERVE_ARGS="--rounds 5 --model cpu-4x512"). Results: docs/performance.md.
+bench-serve: install
+	$(PY) -m pip install -q -e ".[server]"
+	$(PY) benchmarks/bench_serve.py $(BENCH_SERVE_ARGS)
 
 # `make bench-compare REF=2781d6f`: this tree against another version of vllm-inline (a git ref,
 # checked out into a worktree), paired runs on the same engine options (benchmarks/compare.py).
