@@ -43,6 +43,8 @@ OPTIONS = {**CPU_TEST_ENGINE_KWARGS, "max_model_len": 512}
 NAME = "bench"
 """The served model name on both sides."""
 METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_itl_ms")
+EXTRAS = ("tokens_per_chunk", "server_cpu_us_per_token", "engine_core_cpu_us_per_token")
+"""Shown as ours/theirs, no ratio: what the ratios above come from."""
 LINES = {  # line: (backend, endpoint, dataset flags)
     "chat": ("openai-chat", "/v1/chat/completions", "random"),
     "completions": ("openai", "/v1/completions", "random"),
@@ -74,10 +76,28 @@ def start_ours(model: str, port: int, log: pathlib.Path) -> subprocess.Popen[byt
         )
 
 
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU time so far of the server process ``pid`` (every thread), and of the processes below
+    it (the engine core and its worker)."""
+    import psutil
+
+    server = psutil.Process(pid)
+    below = 0.0
+    for child in server.children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        below += times.user + times.system
+    own = server.cpu_times()
+    return own.user + own.system, below
+
+
 def client_run(
-    url: str, model: str, line: str, concurrency: int, prompts: int, seed: int
+    url: str, model: str, line: str, concurrency: int, prompts: int, seed: int, pid: int
 ) -> dict[str, float]:
-    """One run of vLLM's benchmark client: its result's :data:`METRICS`."""
+    """One run of vLLM's benchmark client: its result's :data:`METRICS`, tokens per streamed
+    chunk, and the CPU the server (``pid``) and its engine core used per output token."""
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -89,13 +109,25 @@ def client_run(
         "--tokenizer", model, *DATASETS[dataset], "--num-prompts", str(prompts),
         "--max-concurrency", str(concurrency), "--ignore-eos", "--seed", str(seed),
         "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50",
-        "--disable-tqdm", "--num-warmups", "2",
+        "--disable-tqdm", "--num-warmups", "2", "--save-detailed",  # the ITL lists: chunks
     ])  # fmt: skip
+    before = cpu_seconds(pid)
     with contextlib.redirect_stdout(io.StringIO()):  # its own report, per run
         result = main(args)
+    after = cpu_seconds(pid)
     if result.get("failed") or result["completed"] != prompts:
         raise RuntimeError(f"{line} c={concurrency} on {url}: {result.get('errors')}")
-    return {k: float(result[k]) for k in METRICS}
+    # What a client sees of the chunking: a chunk that carries several tokens is one gap of
+    # ITL (longer) where one token per chunk would be several.
+    chunks = sum(len(itl) + 1 for itl in result["itls"])
+    # Warm-up requests are counted in the CPU too: a few of the run's prompts.
+    tokens = sum(result["output_lens"])
+    return {
+        **{k: float(result[k]) for k in METRICS},
+        "tokens_per_chunk": tokens / chunks,
+        "server_cpu_us_per_token": (after[0] - before[0]) / tokens * 1e6,
+        "engine_core_cpu_us_per_token": (after[1] - before[1]) / tokens * 1e6,
+    }
 
 
 def main() -> int:
@@ -135,7 +167,8 @@ def main() -> int:
                     order = list(procs) if round_index % 2 == 0 else list(procs)[::-1]
                     for name in order:
                         url = f"http://127.0.0.1:{ports[name]}"
-                        run = client_run(url, model, line, concurrency, args.prompts, round_index)
+                        run = client_run(url, model, line, concurrency, args.prompts,
+                                         round_index, procs[name].pid)  # fmt: skip
                         results.setdefault(key, {}).setdefault(name, []).append(run)
                         print(f"round {round_index + 1} {key:18} {name:12} "
                               + "  ".join(f"{k} {v:8.2f}" for k, v in run.items()),
@@ -159,7 +192,9 @@ def report(results: dict[str, dict[str, list[dict[str, float]]]], args: argparse
     )
     out = [
         title,
-        f"{'line':20}" + "".join(f"{m:>30}" for m in METRICS),
+        f"{'line':20}"
+        + "".join(f"{m:>30}" for m in METRICS)
+        + "".join(f"{m:>30}" for m in ("tokens/chunk", "server CPU us/tok", "core CPU us/tok")),
     ]
     for key, sides in results.items():
         cells = []
@@ -171,6 +206,11 @@ def report(results: dict[str, dict[str, list[dict[str, float]]]], args: argparse
                 f"{statistics.median(ours):8.1f}/{statistics.median(theirs):8.1f} "
                 f"{statistics.median(ratios):4.2f}x[{min(ratios):.2f}-{max(ratios):.2f}]"
             )
+        for extra in EXTRAS:
+            mine, theirs = (statistics.median(r[extra] for r in sides[side])
+                            for side in ("vllm-inline", "vllm serve"))  # fmt: skip
+            cells.append(f"{mine:.2f}/{theirs:.2f}" if extra == EXTRAS[0] else
+                         f"{mine:.0f}/{theirs:.0f}")  # fmt: skip
         out.append(f"{key:20}" + "".join(f"{c:>30}" for c in cells))
     return "\n".join(out)
 

@@ -81,6 +81,9 @@ def servers(scripted_root: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         # Two slots: with --max-loras 1, vllm serve (0.32, CPU) answered requests for the base
         # model with the adapter once it was loaded (ours did not).
         "--max-loras", "2", "--lora-modules", f"sunny={adapter}",
+        # Logprobs after penalties and temperature: what the engine sampled from, so that a
+        # sampling default ours added (a repetition penalty) shows in the answers.
+        "--logprobs-mode", "processed_logprobs",
     ]  # fmt: skip
     ours = [sys.executable, "-m", "vllm_inline", "serve", model, *command_line]
     store_on = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
@@ -116,6 +119,20 @@ def test_the_base_model_and_the_adapter_answer_alike(servers: Servers, model: st
     assert_same(vllm, usage_as_vllm(ours))
     if model == "sunny":
         assert ours["choices"][0]["message"]["content"] == "".join(SUNNY[:-1])
+
+
+@pytest.mark.parametrize("route", [CHAT, "/v1/completions"])
+def test_the_sampling_defaults_are_vllm_serve_s(servers: Servers, route: str) -> None:
+    """A request that sets no sampling field is sampled as vllm serve samples it (the model's
+    generation_config, no repetition penalty): the same processed logprobs, token by token."""
+    body: dict[str, Any] = {"model": "m", "max_tokens": 8, "logprobs": 2}
+    if route == CHAT:
+        body |= {"messages": ASK + [{"role": "user", "content": "Weather weather weather?"}],
+                 "logprobs": True, "top_logprobs": 2}  # fmt: skip
+    else:
+        body["prompt"] = "The weather in Oslo is sunny. The weather"
+    vllm, ours = servers.both(route, body)
+    assert_same(vllm, usage_as_vllm(ours))
 
 
 def test_without_a_tool_parser_auto_tools_are_refused_on_chat_completions(

@@ -184,6 +184,7 @@ def chat_router(models: ServedModels, limits: Limits, reasoning_field: str) -> A
         body = await read_body(request)
         served = models.find("chat", body.get("model"))
         kwargs = prepare(body, completion_kwargs(body, limits))
+        kwargs.update(served.sampling_defaults(kwargs))
         if served.lora is not None:  # an adapter served as a model
             kwargs["lora"] = served.lora
         if body.get("return_token_ids") or body.get("echo"):
