@@ -33,6 +33,7 @@ from vllm_inline.engine.request.sampling import check_sampling
 
 from .batching import BatchAtOnce
 from .convert import convert_message_to_dict, request_kwargs
+from .kept_chunks import FoldedStreams
 from .streaming import EngineCall, aggregate
 from .structured_output import StructuredMethod, ToolLike, structured_output, tool_binding
 from .token_callbacks import wants_tokens
@@ -62,7 +63,7 @@ _REQUEST_FIELDS = (
 )
 
 
-class ChatVLLM(BatchAtOnce, BaseChatModel):
+class ChatVLLM(BatchAtOnce, FoldedStreams, BaseChatModel):
     """vLLM in this process as a LangChain chat model: streaming, tools, structured output.
 
     Every ``ChatVLLM`` on the same ``model`` and ``vllm_kwargs`` shares one engine (and its
