@@ -26,7 +26,6 @@ import io
 import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import tempfile
 
@@ -34,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from models import SPECS, build_model
 from report import write_json
-from servers import USER_ENV, cli_flags, free_port, start_server, stop_server, wait_healthy
+from servers import start_both, stop_server, wait_healthy
 
 from vllm_inline.testing import CPU_TEST_ENGINE_KWARGS
 
@@ -60,20 +59,6 @@ DATASETS = {
                           "--prefix-repetition-num-prefixes", "4",
                           "--prefix-repetition-output-len", "64"],
 }  # fmt: skip
-
-
-def start_ours(model: str, port: int, log: pathlib.Path) -> subprocess.Popen[bytes]:
-    """``python -m vllm_inline serve MODEL`` with the engine options as vllm serve's flags."""
-    command = [sys.executable, "-m", "vllm_inline", "serve", model, "--port", str(port),
-               "--served-model-name", NAME, *cli_flags(OPTIONS)]  # fmt: skip
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            command,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            process_group=0,
-            env={**USER_ENV, "VLLM_LOGGING_LEVEL": "WARNING"},
-        )
 
 
 def cpu_seconds(pid: int) -> tuple[float, float]:
@@ -146,18 +131,9 @@ def main() -> int:
     model = str(build_model(SPECS[args.model]))
     results: dict[str, dict[str, list[dict[str, float]]]] = {}
     with tempfile.TemporaryDirectory(prefix="vllm-inline-bench-serve-") as tmp:
-        tmp_path = pathlib.Path(tmp)
-        ports = {"vllm-inline": free_port(), "vllm serve": free_port()}
-        procs = {
-            "vllm-inline": start_ours(model, ports["vllm-inline"], tmp_path / "ours.log"),
-            "vllm serve": start_server(
-                model, ports["vllm serve"], OPTIONS, tmp_path / "vllm.log",
-                extra=["--served-model-name", NAME],
-                # vLLM's IPC sockets and rendezvous file in this run's directory: a SIGTERMed
-                # vllm serve leaves them.
-                env={"VLLM_RPC_BASE_PATH": tmp, "TMPDIR": tmp},
-            ),
-        }  # fmt: skip
+        started = start_both(model, OPTIONS, NAME, tmp)
+        ports = {name: port for name, (port, _) in started.items()}
+        procs = {name: proc for name, (_, proc) in started.items()}
         try:
             for name, proc in procs.items():
                 wait_healthy(f"http://127.0.0.1:{ports[name]}/health", proc, timeout=300)

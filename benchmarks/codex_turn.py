@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from servers import USER_ENV, cli_flags, free_port, start_server, stop_server, wait_healthy
+from servers import USER_ENV, start_both, stop_server, wait_healthy
 
 from vllm_inline.testing import CPU_TEST_ENGINE_KWARGS, build_scripted_model
 
@@ -31,16 +31,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 CODEX = pathlib.Path(os.environ.get("CODEX", ROOT / "build/agents/node_modules/.bin/codex"))
 OPTIONS = {**CPU_TEST_ENGINE_KWARGS, "max_model_len": 32768, "kv_cache_memory_bytes": 2**29}
 """The engine options of both servers: Codex's prompt needs the demo model's whole context."""
-
-
-def start_ours(model: str, port: int, log: pathlib.Path) -> subprocess.Popen[bytes]:
-    """``python -m vllm_inline serve MODEL`` with the engine options as vllm serve's flags."""
-    command = [sys.executable, "-m", "vllm_inline", "serve", model, "--port", str(port),
-               "--served-model-name", "demo", *cli_flags(OPTIONS)]  # fmt: skip
-    with open(log, "wb") as out:
-        return subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, process_group=0, env=USER_ENV
-        )
 
 
 def codex_turn(url: str, home: pathlib.Path, work: pathlib.Path) -> tuple[float, float]:
@@ -78,20 +68,9 @@ def main() -> int:
     model = str(build_scripted_model("demo"))
     with tempfile.TemporaryDirectory(prefix="vllm-inline-codex-bench-") as tmp:
         tmp_path = pathlib.Path(tmp)
-        ports = {"vllm-inline": free_port(), "vllm serve": free_port()}
-        procs = {
-            "vllm-inline": start_ours(model, ports["vllm-inline"], tmp_path / "ours.log"),
-            "vllm serve": start_server(
-                model,
-                ports["vllm serve"],
-                OPTIONS,
-                tmp_path / "vllm.log",
-                extra=["--served-model-name", "demo"],
-                # vLLM's IPC sockets and rendezvous file in this run's directory, not in /tmp
-                # for good (a SIGTERMed vllm serve leaves them).
-                env={"VLLM_RPC_BASE_PATH": tmp, "TMPDIR": tmp},
-            ),
-        }
+        started = start_both(model, OPTIONS, "demo", tmp)
+        ports = {name: port for name, (port, _) in started.items()}
+        procs = {name: proc for name, (_, proc) in started.items()}
         try:
             for name, proc in procs.items():
                 wait_healthy(f"http://127.0.0.1:{ports[name]}/health", proc, timeout=300)

@@ -20,7 +20,16 @@ from typing import Any
 
 from children import stop
 
-__all__ = ["USER_ENV", "cli_flags", "free_port", "start_server", "stop_server", "wait_healthy"]
+__all__ = [
+    "USER_ENV",
+    "cli_flags",
+    "free_port",
+    "start_both",
+    "start_ours",
+    "start_server",
+    "stop_server",
+    "wait_healthy",
+]
 
 USER_ENV = dict(os.environ)
 """The environment the script started with: the server gets it, as a ``vllm serve`` started
@@ -79,9 +88,18 @@ def start_server(
         *cli_flags(options),
         *extra,
     ]
+    return _launch(cmd, log_path, env)
+
+
+def _launch(
+    command: list[str], log_path: pathlib.Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``command`` in a process group of its own (not a session: see :func:`start_server`),
+    its output to ``log_path``, with :data:`USER_ENV`, vLLM's log level at warnings and
+    ``env`` on top."""
     with open(log_path, "wb") as server_log:
         return subprocess.Popen(
-            cmd,
+            command,
             stdout=server_log,
             stderr=subprocess.STDOUT,
             process_group=0,
@@ -112,3 +130,33 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
     """Stop a server from :func:`start_server` and its engine processes: SIGTERM to its process
     group (by the server's pid), SIGKILL after 30 s."""
     stop(proc, ((signal.SIGTERM, True, 30), (signal.SIGKILL, True, None)))
+
+
+def start_ours(
+    model: str, port: int, options: dict[str, Any], served_name: str, log_path: pathlib.Path
+) -> subprocess.Popen[bytes]:
+    """``python -m vllm_inline serve MODEL`` on 127.0.0.1:``port``, serving ``model`` as
+    ``served_name`` with ``options`` as ``vllm serve``'s flags (the same command line as
+    :func:`start_server`'s); its output goes to ``log_path``, its environment as there."""
+    command = [sys.executable, "-m", "vllm_inline", "serve", model, "--port", str(port),
+               "--served-model-name", served_name, *cli_flags(options)]  # fmt: skip
+    return _launch(command, log_path)
+
+
+def start_both(
+    model: str, options: dict[str, Any], served_name: str, directory: str
+) -> dict[str, tuple[int, subprocess.Popen[bytes]]]:
+    """Ours (:func:`start_ours`) and ``vllm serve`` (:func:`start_server`) on ``model`` with the
+    same options, each on a free port, logging to ``directory`` (``ours.log``, ``vllm.log``),
+    where ``vllm serve``'s IPC sockets and rendezvous file go too (a SIGTERMed ``vllm serve``
+    leaves them): ``{"vllm-inline": (port, process), "vllm serve": (port, process)}``. Not
+    waited for (:func:`wait_healthy`); stop each with :func:`stop_server`."""
+    logs = pathlib.Path(directory)
+    ours, theirs = free_port(), free_port()
+    return {
+        "vllm-inline": (ours, start_ours(model, ours, options, served_name, logs / "ours.log")),
+        "vllm serve": (theirs, start_server(
+            model, theirs, options, logs / "vllm.log", extra=["--served-model-name", served_name],
+            env={"VLLM_RPC_BASE_PATH": directory, "TMPDIR": directory},
+        )),
+    }  # fmt: skip

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -78,8 +79,8 @@ def servers(scripted_root: Path, tmp_path_factory: pytest.TempPathFactory) -> It
                for k, v in CPU_TEST_ENGINE_KWARGS.items()]  # fmt: skip
     command_line = [
         *options, "--served-model-name", "m", "--enable-lora", "--max-lora-rank", "8",
-        # Two slots: with --max-loras 1, vllm serve (0.32, CPU) answered requests for the base
-        # model with the adapter once it was loaded (ours did not).
+        # Two slots: with --max-loras 1, vllm serve (0.32, CPU) answers requests for the base
+        # model with the adapter (index -1 read as the last slot: engine/seam/vllm_lora.py).
         "--max-loras", "2", "--lora-modules", f"sunny={adapter}",
         # Logprobs after penalties and temperature: what the engine sampled from, so that a
         # sampling default ours added (a repetition penalty) shows in the answers.
@@ -87,6 +88,7 @@ def servers(scripted_root: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     ]  # fmt: skip
     ours = [sys.executable, "-m", "vllm_inline", "serve", model, *command_line]
     store_on = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+    before = ours_in_tmp()
     with contextlib.ExitStack() as stack:
         # Ours stops last (its check counts the shared memory left after it: vLLM's server
         # must be gone by then), though it starts while vLLM's does.
@@ -99,6 +101,14 @@ def servers(scripted_root: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         )
         wait_healthy(proc, vllm, logs / "vllm.log")
         yield Servers(vllm, ours_url, adapter)
+    # The base model's empty adapter (LoRA on a CPU) went with the server's other files: a
+    # directory of the temporary one stayed behind each SIGTERMed server before.
+    assert ours_in_tmp() <= before
+
+
+def ours_in_tmp() -> set[str]:
+    """The package's entries in the temporary directory."""
+    return {p.name for p in Path(tempfile.gettempdir()).glob("vllm-inline-*")}
 
 
 def test_models_are_what_the_command_line_says(servers: Servers) -> None:

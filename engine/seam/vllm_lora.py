@@ -45,27 +45,40 @@ def base_lora_request(llm: AsyncLLM) -> LoRARequest | None:
 
 
 def _base_adapter() -> str:
-    """A PEFT adapter directory whose weights change nothing (written once per process)."""
+    """A PEFT adapter directory whose weights change nothing, in this process's owner directory
+    (:mod:`.ipc_directory`), so it goes with the engine's other files however the process ends
+    (a file of the temporary directory with an ``atexit`` stayed behind when a signal ended the
+    process: ``serve`` re-raises SIGTERM once down). Made again if that directory was."""
     global _base_adapter_dir
-    if _base_adapter_dir is None:
+    import os
+
+    if _base_adapter_dir is not None and os.path.isdir(_base_adapter_dir):
+        return _base_adapter_dir
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from vllm_inline.engine.seam import ipc_directory
+
+    owner = ipc_directory.owner_directory()
+    if owner.startswith("@"):  # no directory could be made: the temporary one, for this run
         import atexit
-        import json
-        import os
         import shutil
         import tempfile
 
-        import numpy as np
-        from safetensors.numpy import save_file
-
         path = tempfile.mkdtemp(prefix="vllm-inline-base-lora-")
-        config = {"peft_type": "LORA", "r": 1, "lora_alpha": 1, "target_modules": ["o_proj"]}
-        with open(os.path.join(path, "adapter_config.json"), "w") as f:
-            json.dump(config, f)
-        # vLLM needs one tensor; zeros on a module no model has: the slot stays all zero.
-        zero = np.zeros((1, 1), np.float32)
-        prefix = "base_model.model.vllm_inline_base.o_proj"
-        tensors = {f"{prefix}.lora_A.weight": zero, f"{prefix}.lora_B.weight": zero}
-        save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
         atexit.register(shutil.rmtree, path, True)
-        _base_adapter_dir = path
-    return _base_adapter_dir
+    else:
+        path = os.path.join(owner, "base-lora")
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    config = {"peft_type": "LORA", "r": 1, "lora_alpha": 1, "target_modules": ["o_proj"]}
+    with open(os.path.join(path, "adapter_config.json"), "w") as f:
+        json.dump(config, f)
+    # vLLM needs one tensor; zeros on a module no model has: the slot stays all zero.
+    zero = np.zeros((1, 1), np.float32)
+    prefix = "base_model.model.vllm_inline_base.o_proj"
+    tensors = {f"{prefix}.lora_A.weight": zero, f"{prefix}.lora_B.weight": zero}
+    save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
+    _base_adapter_dir = path
+    return path
