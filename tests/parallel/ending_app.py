@@ -28,6 +28,10 @@ from vllm_inline.integrations import langchain as lc
 from vllm_inline.integrations import llama_index as li
 
 how, chat_model, embedder, reranker = sys.argv[1:5]
+if how == "ctrl-c":
+    # As in a terminal, whatever the runner gave: a shell's background job (`make ... &`)
+    # starts with SIGINT ignored, and Python then keeps it ignored (no KeyboardInterrupt).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 kwargs = json.loads(sys.argv[5])
 DOCS = ["Oslo is cold in winter.", "Bananas are yellow."]
 QUESTION = "How cold is Oslo?"
