@@ -47,10 +47,14 @@ Writes ``results/bulk-asyncllm.json``.
 - LlamaIndex ``QuestionsAnsweredExtractor`` over N nodes, with its default ``num_workers=4``
   and with ``num_workers=N`` (its own prompt, so compared with the other extractor run only).
 
-Each vllm-inline path runs twice (``--stats both``, the default with ``--against llm``): on the default engine, which
-records vLLM's stats for ``Engine.stats()`` and Prometheus, and, named ``... [stats off]``, on
-an engine started with ``disable_log_stats=True``, which records none, as ``vllm.LLM`` (whose
-default that is). ``--stats on`` or ``--stats off`` runs one of them.
+Each vllm-inline path runs twice (``--stats both``, the default with ``--against llm``): on the
+default engine, which records vLLM's stats for ``Engine.stats()`` and Prometheus, and, named
+``... [stats off]``, on an engine started with ``disable_log_stats=True``, which records none.
+``--stats on`` or ``--stats off`` runs one of them. The reference has the same engine options
+as the engine it is paired with, stats included: ``vllm.LLM`` with ``disable_log_stats=False``
+against the default engine, and with its own default (no stats) against ``[stats off]`` (a
+new reference child for each). After the warm-up each process freezes its heap
+(``gc.freeze()``) and every timed run starts after a ``gc.collect()``, on both sides.
 
 tok/s = generated tokens / wall time of the whole call. Each run's ratio is its tok/s over
 that of the ``vllm.LLM.chat`` run paired with it: this host's speed drifts within minutes, and
@@ -120,17 +124,22 @@ log = progress("bulk")
 # -- the reference: vllm.LLM.chat in a child process ------------------------------------------
 
 
-def reference_child(model: str, tokens: int) -> None:
+def reference_child(model: str, tokens: int, stats: bool) -> None:
     """Serve ``vllm.LLM.chat`` runs (:func:`children.answer_lines`): a size per request, the
-    answer ``[tok/s, client CPU ms per input]``."""
+    answer ``[tok/s, client CPU ms per input]``. ``stats``: the engine records vLLM's stats
+    (``disable_log_stats=False``, as vllm-inline's default engine and vLLM's server);
+    otherwise ``vllm.LLM``'s own default, none."""
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=model, **ENGINE_OPTIONS)
+    llm = LLM(model=model, **ENGINE_OPTIONS, disable_log_stats=not stats)
     params = SamplingParams(**sampling(tokens))
     convs = conversations(MAX_INPUTS)
     llm.chat(convs[:16], params, use_tqdm=False)  # warm-up
+    gc.collect()
+    gc.freeze()  # as in the calling process (measure_inline)
 
     def run(n: int) -> list[float]:
+        gc.collect()
         results, wall, used = clocked(lambda: llm.chat(convs[:n], params, use_tqdm=False))
         generated = sum(len(r.outputs[0].token_ids) for r in results)
         assert generated == n * tokens, (generated, n * tokens)
@@ -149,9 +158,10 @@ class Reference(LineChild):
     run its processes spin on a full core (0.96-1.04 cores in each quarter second, then 0-0.04):
     hence ``pairing.SETTLE_S`` before every timed run."""
 
-    def __init__(self, model: str, tokens: int) -> None:
-        log("vllm.LLM.chat: starting its engine in a child process")
+    def __init__(self, model: str, tokens: int, *, stats: bool) -> None:
+        log(f"vllm.LLM.chat: starting its engine (stats {'on' if stats else 'off'}) in a child")
         cmd = [sys.executable, __file__, "--reference-child", model, "--tokens", str(tokens)]
+        cmd += ["--stats", "on" if stats else "off"]
         super().__init__(cmd, "the vllm.LLM.chat child")
         self.ready()
 
@@ -187,6 +197,13 @@ def paired_row(
     }
 
 
+def collected(call: Callable[[], Any]) -> Any:
+    """``call()`` after a full collection, so that no run is charged for collecting the
+    garbage of the run before it (the reference child does the same before each of its runs)."""
+    gc.collect()
+    return call()
+
+
 def measure_inline(
     model: str,
     sizes: list[int],
@@ -215,6 +232,8 @@ def measure_inline(
         paths = {AA_PATH: twin.run, **paths}
     for name, run in paths.items():
         run(16)  # warm-up: kernels, prefix cache, lazy imports
+    gc.collect()
+    gc.freeze()  # as vLLM's server after start-up; see measure_against_baseline
     rows: list[dict[str, Any]] = []
     try:
         for rep in range(repeats):
@@ -226,7 +245,9 @@ def measure_inline(
                         continue  # 6 or 4 requests at a time: minutes at 1,024 inputs
                     reference_first = len(rows) % 2 == 0
                     (result, wall, used), (ref_tok_s, ref_cpu) = next_to(
-                        partial(settled, partial(clocked, partial(paths[name], n))),
+                        partial(
+                            collected, partial(settled, partial(clocked, partial(paths[name], n)))
+                        ),
                         partial(settled, partial(reference.run, n)),
                         reference_first,
                     )
@@ -352,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.sizes, args.tokens, args.repeats = "16,128", 16, 1
     if args.reference_child:
-        reference_child(args.reference_child, args.tokens)
+        reference_child(args.reference_child, args.tokens, stats=args.stats == "on")
         return 0
     args.sizes = args.sizes or ("256,1024" if args.against == "asyncllm" else "16,256,1024")
     args.repeats = args.repeats or (5 if args.against == "asyncllm" else 3)
@@ -364,21 +385,24 @@ def main(argv: list[str] | None = None) -> int:
     model = str(build_model(SPECS[args.model]))
     log(f"{args.model}: {model}; sizes {sizes}, {args.tokens} tokens per input")
     skip = [s for s in args.skip.split(",") if s]
-    reference = Reference(model, args.tokens)
-    twin = None if args.no_aa else Reference(model, args.tokens)
     rows: list[dict[str, Any]] = []
-    try:
-        for stats_off in {"on": [False], "off": [True], "both": [False, True]}[args.stats]:
+    first = True
+    for stats_off in {"on": [False], "off": [True], "both": [False, True]}[args.stats]:
+        # The reference has the engine options of the engine it is paired with, stats included.
+        reference = Reference(model, args.tokens, stats=not stats_off)
+        # The A/A once is enough: it does not depend on our engine's options.
+        twin = (
+            None if args.no_aa or not first else Reference(model, args.tokens, stats=not stats_off)
+        )
+        first = False
+        try:
             rows += measure_inline(
                 model, sizes, args.tokens, args.repeats, skip, stats_off, reference, twin
             )
-            if twin is not None:  # once is enough: it does not depend on our engine's options
+        finally:
+            reference.close()
+            if twin is not None:
                 twin.close()
-                twin = None
-    finally:
-        reference.close()
-        if twin is not None:
-            twin.close()
     elapsed = time.perf_counter() - started
 
     lines, summary = against_llm_report(rows, sizes, elapsed, args)

@@ -102,8 +102,9 @@ def against_llm_report(
 ) -> tuple[list[str], list[dict[str, Any]]]:
     title = (
         f"\n== bulk: {args.model}, {args.tokens} tokens per input, {args.repeats} "
-        f"repeats; each run paired with a vllm.LLM.chat run next to it; the verdict is on "
-        f"the median of the paired ratios ({elapsed / 60:.1f} min) =="
+        f"repeats; each run paired with a vllm.LLM.chat run next to it, on an engine with the "
+        f"same options (stats on, or off for [stats off] lines); the verdict is on the median "
+        f"of the paired ratios ({elapsed / 60:.1f} min) =="
     )
     lines = [title, *reference_lines(rows, sizes, "vllm.LLM.chat", "lowest", min)]
     summary = []
