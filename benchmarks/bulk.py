@@ -72,7 +72,9 @@ import argparse
 import gc
 import os
 import pathlib
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
@@ -162,8 +164,18 @@ class Reference(LineChild):
         log(f"vllm.LLM.chat: starting its engine (stats {'on' if stats else 'off'}) in a child")
         cmd = [sys.executable, __file__, "--reference-child", model, "--tokens", str(tokens)]
         cmd += ["--stats", "on" if stats else "off"]
-        super().__init__(cmd, "the vllm.LLM.chat child")
+        # vLLM's LLM leaves its IPC sockets in the temporary directory (docs/deployment.md,
+        # "Files in /tmp"): the child gets one of its own, removed when it is closed.
+        self._tmp = tempfile.mkdtemp(prefix="vllm-inline-bulk-reference-")
+        super().__init__(cmd, "the vllm.LLM.chat child", env={**os.environ, "TMPDIR": self._tmp})
         self.ready()
+
+    def close(self, timeout: float = 120) -> None:
+        """Stop the child, then remove its temporary directory."""
+        try:
+            super().close(timeout)
+        finally:
+            shutil.rmtree(self._tmp, ignore_errors=True)
 
     def run(self, n: int) -> tuple[float, float]:
         """tok/s and client CPU ms per input of ``vllm.LLM.chat`` on the first ``n`` inputs."""

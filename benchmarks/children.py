@@ -62,7 +62,14 @@ class LineChild:
     engine processes with it), in this session (see ``servers.start_server``: a new session is
     a new scheduler autogroup)."""
 
-    def __init__(self, cmd: list[str], name: str, *, own_group: bool = False) -> None:
+    def __init__(
+        self,
+        cmd: list[str],
+        name: str,
+        *,
+        own_group: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.name = name
         """How errors name the child (``the vllm.LLM.chat child``)."""
         self._own_group = own_group
@@ -72,6 +79,7 @@ class LineChild:
             stdout=subprocess.PIPE,
             text=True,
             process_group=0 if own_group else None,
+            env=env,
         )
 
     def _line(self, prefix: str) -> str:
