@@ -142,3 +142,62 @@ def test_a_pump_cancelled_while_it_waits_for_its_consumer_tells_it_why(lt) -> No
         for x in it:
             got.append(x)  # noqa: PERF402 - the items before the error
     assert got == list(range(1, 1 + WINDOW))  # what the pump had handed over, then the error
+
+
+async def test_streams_started_while_the_engine_loop_is_busy_wake_it_once(lt, monkeypatch) -> None:
+    """A bulk call starts its streams in one pass of its loop while the engine loop renders and
+    adds the requests before them: one self-pipe write for all that wait, not one each."""
+    import threading
+
+    wakes = []
+    plain = lt.loop.call_soon_threadsafe
+
+    def counted(callback, *args, **kwargs):
+        wakes.append(callback)
+        return plain(callback, *args, **kwargs)
+
+    monkeypatch.setattr(lt.loop, "call_soon_threadsafe", counted)
+    busy, go = threading.Event(), threading.Event()
+    lt.calls.call(lambda: (busy.set(), go.wait(10)))
+    assert busy.wait(10)
+    del wakes[:]  # the busy callback's own
+    gens = [Counting(3) for _ in range(50)]
+    streams = [aiter_on(lt, g.items) for g in gens]
+    firsts = [asyncio.ensure_future(anext(s)) for s in streams]
+    await asyncio.sleep(0.05)  # every stream has asked for its pump: all wait for the loop
+    assert len(wakes) == 1 and not any(g.pulled for g in gens)
+    go.set()
+    assert await asyncio.wait_for(asyncio.gather(*firsts), 30) == [0] * 50
+    for stream in streams:
+        assert [x async for x in stream] == [1, 2]
+
+
+def test_calls_from_many_threads_run_on_the_loop_in_each_threads_order(lt) -> None:
+    import threading
+
+    ran: list[tuple[int, int, bool]] = []
+
+    def add(thread: int) -> None:
+        for i in range(200):
+            lt.calls.call(lambda t=thread, i=i: ran.append((t, i, lt.in_loop_thread)))
+
+    threads = [threading.Thread(target=add, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    done = threading.Event()
+    lt.calls.call(done.set)
+    assert done.wait(10)
+    assert all(on_loop for _, _, on_loop in ran)
+    for thread in range(8):
+        assert [i for t, i, _ in ran if t == thread] == list(range(200))
+
+
+def test_calls_onto_a_closed_loop_are_refused_like_call_soon_threadsafe() -> None:
+    lt = LoopThread("test-bridge-closed")
+    lt.stop()
+    with pytest.raises(RuntimeError, match="closed"):
+        lt.calls.call(print)
+    with pytest.raises(RuntimeError, match="closed"):
+        list(iter_on(lt, Counting(3).items))

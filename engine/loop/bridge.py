@@ -22,7 +22,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from vllm_inline.engine.loop.window import Releases, Window
+from vllm_inline.engine.loop.calls import ThreadsafeCalls
+from vllm_inline.engine.loop.window import Window
 
 __all__ = ["LoopThread", "aiter_on", "iter_on"]
 
@@ -54,8 +55,9 @@ class LoopThread:
         self._handoffs_lock = threading.Lock()
         self.sync_handoff = _Handoff(self.loop, None)
         """The handoff of items from this loop to synchronous consumers (their own threads)."""
-        self.releases = Releases(self.loop)
-        """Where consumers (any thread) release pumps that wait for them (:class:`Window`)."""
+        self.calls = ThreadsafeCalls(self.loop)
+        """Calls onto the loop from any thread, one wake per batch: pumps started and stopped,
+        and pumps released by their consumers (:class:`Window`)."""
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -115,7 +117,8 @@ class _Pump:
     The task is created by a callback on the engine loop (not ``run_coroutine_threadsafe``,
     whose future is done the moment it is cancelled): :meth:`stop` cancels the task itself and
     reports when it has ended, i.e. when the engine-side generator has closed and vLLM has
-    aborted the request.
+    aborted the request. Both go through the loop's :class:`ThreadsafeCalls`: the streams a
+    bulk call starts in one pass of its loop wake the engine loop once, not once each.
     """
 
     __slots__ = ("_lt", "_task")
@@ -123,7 +126,11 @@ class _Pump:
     def __init__(self, lt: LoopThread, coro: Coroutine[Any, Any, None]) -> None:
         self._lt = lt
         self._task: asyncio.Task[None] | None = None
-        lt.loop.call_soon_threadsafe(self._start, coro)
+        try:
+            lt.calls.call(self._start, coro)
+        except RuntimeError:  # the engine loop is closed: the pump never runs
+            coro.close()
+            raise
 
     def _start(self, coro: Coroutine[Any, Any, None]) -> None:
         self._task = self._lt.loop.create_task(coro)
@@ -132,7 +139,7 @@ class _Pump:
         """Cancel the pump; ``then()`` runs on the engine loop once it has ended (or now, when
         the engine loop is closed)."""
 
-        def stop_on_loop() -> None:  # runs after _start: one thread's callbacks keep their order
+        def stop_on_loop() -> None:  # runs after _start: ThreadsafeCalls keeps the order
             task = self._task
             assert task is not None
             if task.done():
@@ -142,7 +149,7 @@ class _Pump:
             task.cancel()
 
         try:
-            self._lt.loop.call_soon_threadsafe(stop_on_loop)
+            self._lt.calls.call(stop_on_loop)
         except RuntimeError:  # the engine loop is closed: nothing runs there any more
             then()
 
@@ -251,7 +258,7 @@ async def aiter_on(
     def put(item: Any) -> None:
         handoff.put(put_nowait, item)
 
-    window = Window(lt.releases)
+    window = Window(lt.calls)
     pump = _start_pump(lt, agen_factory, put, window)
     ended = False
     try:
@@ -301,7 +308,7 @@ def iter_on(
     def put(item: Any) -> None:
         handoff.put(put_item, item)
 
-    window = Window(lt.releases)
+    window = Window(lt.calls)
     pump = _start_pump(lt, agen_factory, put, window)
     ended = False
     try:

@@ -6,7 +6,8 @@ counts what the pump handed over and what the consumer took; the pump waits whil
 next output, and vLLM's output collector merges the DELTA outputs that arrive meanwhile: a
 consumer that falls behind gets fewer, larger deltas, and the whole request path runs once per
 merged output instead of once per token. A consumer that keeps up never makes its pump wait.
-:class:`Releases` wakes waiting pumps from the consumers' threads, one thread hop per batch.
+Consumers wake waiting pumps through the engine loop's :class:`.calls.ThreadsafeCalls`, one
+thread hop for all the pumps a step's consumers release.
 
 Written by hand: asyncio's queues and locks are bound to one loop, and ``queue.Queue`` blocks a
 thread, while here one side is a coroutine on the engine loop and the other any thread or loop.
@@ -15,9 +16,10 @@ thread, while here one side is a coroutine on the engine loop and the other any 
 from __future__ import annotations
 
 import asyncio
-import collections
 
-__all__ = ["WINDOW", "Releases", "Window"]
+from vllm_inline.engine.loop.calls import ThreadsafeCalls
+
+__all__ = ["WINDOW", "Window"]
 
 WINDOW = 2
 """How many items a pump hands over that its consumer has not taken yet before it waits.
@@ -25,38 +27,6 @@ WINDOW = 2
 Two, so that a consumer that keeps up (takes each step's item before the next step's) never
 holds its pump back, and one that is a step behind gets the two pending items joined by
 ``coalesce`` while vLLM merges the next ones."""
-
-
-class Releases:
-    """Pumps to wake on the engine loop, from consumers on any thread, one thread hop per batch.
-
-    The first release of a batch schedules :meth:`_run` on the engine loop; releases added
-    before it runs go with it (the consumers of one step's items mostly run before the engine
-    thread gets the interpreter back). ``_armed`` is cleared before the batch is taken, so a
-    release added meanwhile either is taken by this run or schedules the next one.
-    """
-
-    __slots__ = ("_armed", "_loop", "_pending")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._pending: collections.deque[Window] = collections.deque()
-        self._armed = False
-
-    def add(self, window: Window) -> None:
-        self._pending.append(window)
-        if not self._armed:
-            self._armed = True
-            try:
-                self._loop.call_soon_threadsafe(self._run)
-            except RuntimeError:  # the engine loop is closed: its pumps are gone
-                self._pending.clear()
-
-    def _run(self) -> None:
-        self._armed = False
-        pending = self._pending
-        while pending:
-            pending.popleft().release()
 
 
 class Window:
@@ -69,10 +39,10 @@ class Window:
     waits is harmless (the pump checks again).
     """
 
-    __slots__ = ("_releases", "_waiter", "sent", "taken", "waiting")
+    __slots__ = ("_calls", "_waiter", "sent", "taken", "waiting")
 
-    def __init__(self, releases: Releases) -> None:
-        self._releases = releases
+    def __init__(self, calls: ThreadsafeCalls) -> None:
+        self._calls = calls
         self._waiter: asyncio.Future[None] | None = None
         self.sent = 0
         self.taken = 0
@@ -96,7 +66,10 @@ class Window:
         """The consumer took ``n`` items (any thread)."""
         self.taken += n
         if self.waiting:
-            self._releases.add(self)
+            try:
+                self._calls.call(self.release)
+            except RuntimeError:  # the engine loop is closed: its pumps are gone
+                pass
 
     def release(self) -> None:
         """Wake the pump to check again (engine loop)."""
