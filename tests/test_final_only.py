@@ -155,6 +155,9 @@ def test_wants_tokens_only_for_handlers_that_implement_on_llm_new_token() -> Non
     assert not wants_tokens(_Run())
     assert not wants_tokens(_Run(Ends(), AsyncEnds(), IgnoresLLM()))
     assert wants_tokens(_Run(Ends(), Tokens()))
+    assigned = Ends()
+    assigned.on_llm_new_token = lambda token, **_: None  # type: ignore[method-assign]
+    assert wants_tokens(_Run(assigned))
 
 
 def _message_view(m: AIMessage) -> dict[str, Any]:
@@ -240,6 +243,44 @@ def test_batch_without_token_callbacks_is_final_only(
     chat.invoke(QUESTION, stream=True)
     chat.invoke(QUESTION, stream=False, config={"callbacks": [Tokens()]})
     assert spy.seen[6:] == [True, False]
+
+
+async def test_final_only_fires_no_token_event_that_no_handler_sees(
+    scripted: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handler without a token method (``UsageMetadataCallbackHandler``, a cost tracker) is
+    not sent ``on_llm_new_token`` at all: LangChain would hand a synchronous one's no-op to a
+    thread-pool worker, once per input of an async batch."""
+    from langchain_core.callbacks import manager
+
+    events: list[str] = []
+    real_handle, real_ahandle = manager.handle_event, manager.ahandle_event
+
+    def handle_event(handlers: Any, event: str, *args: Any, **kwargs: Any) -> Any:
+        events.append(event)
+        return real_handle(handlers, event, *args, **kwargs)
+
+    async def ahandle_event(handlers: Any, event: str, *args: Any, **kwargs: Any) -> Any:
+        events.append(event)
+        return await real_ahandle(handlers, event, *args, **kwargs)
+
+    monkeypatch.setattr(manager, "handle_event", handle_event)
+    monkeypatch.setattr(manager, "ahandle_event", ahandle_event)
+    s = scripted("llama3")
+    chat = ChatVLLM(model=s.path, vllm_kwargs=s.engine_kwargs)
+    ends = Ends()
+    config: Any = {"callbacks": [ends]}
+    chat.invoke(QUESTION, config=config)
+    await chat.ainvoke(QUESTION, config=config)
+    answers = await chat.abatch([QUESTION] * 3, config=config)
+    assert ends.ends == 5
+    assert {m.content for m in answers} == {s.scenario.answer}
+    assert "on_llm_new_token" not in events
+    assert events.count("on_llm_end") == 5
+    # A token handler on a forced final-only call still gets the answer as its one token.
+    tokens = Tokens()
+    await chat.ainvoke(QUESTION, stream=False, config={"callbacks": [tokens]})
+    assert tokens.tokens == [s.scenario.answer]
 
 
 # -- LlamaIndex --------------------------------------------------------------------------------

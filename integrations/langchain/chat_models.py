@@ -322,9 +322,10 @@ class ChatVLLM(BatchAtOnce, FoldedStreams, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        kwargs.setdefault("stream", wants_tokens(run_manager))
+        tokens = wants_tokens(run_manager)
+        kwargs.setdefault("stream", tokens)
         call = self._prepare(messages, stop, kwargs)
-        return aggregate(call.chunks(run_manager), self.model)
+        return aggregate(call.chunks(run_manager if tokens else None), self.model)
 
     async def _agenerate(
         self,
@@ -333,9 +334,11 @@ class ChatVLLM(BatchAtOnce, FoldedStreams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        kwargs.setdefault("stream", wants_tokens(run_manager))
+        tokens = wants_tokens(run_manager)
+        kwargs.setdefault("stream", tokens)
         call = self._prepare(messages, stop, kwargs)
-        return aggregate([c async for c in call.achunks(run_manager)], self.model)
+        chunks = call.achunks(run_manager if tokens else None)
+        return aggregate([c async for c in chunks], self.model)
 
     # -- tools and structured output -----------------------------------------------------
 

@@ -19,6 +19,11 @@ decides between:
 
 A call's own ``stream=False`` keyword forces the final-only request (LangChain passes the
 call's keywords through to ``_generate``).
+
+When no handler would see them, ``_generate``/``_agenerate`` fire no ``on_llm_new_token`` at
+all: LangChain would still dispatch each one to every handler, and an async call hands a
+synchronous handler's event (a no-op here) to a thread-pool worker, the way
+``UsageMetadataCallbackHandler`` or any ``on_llm_end``-only handler is called.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ def wants_tokens(run_manager: BaseRunManager | None) -> bool:
     for handler in run_manager.handlers:
         if getattr(handler, "ignore_llm", False):
             continue
-        if getattr(type(handler), "on_llm_new_token", None) not in _NO_OP_TOKEN_METHODS:
+        method = getattr(handler, "on_llm_new_token", None)
+        if getattr(method, "__func__", method) not in _NO_OP_TOKEN_METHODS:
             return True
     return False
