@@ -8,6 +8,8 @@ Every path generates exactly ``tokens`` tokens for each input, with the sampling
   gather over ``VLLM.achat``, and two baselines of no framework: ``AsyncLLM.generate`` gathered
   (:data:`BASELINE`, vLLM alone) and ``Engine.astream(stream=False)`` gathered (our engine);
 - :func:`bare_paths`: the same two framework calls over ``bare_frameworks.py``'s bare models;
+- :func:`callback_paths`: ``ChatVLLM.batch``/``abatch`` with LangChain's own usage callback
+  attached (a handler with no token method, as cost trackers are);
 - :func:`extractor_paths`: LlamaIndex's ``QuestionsAnsweredExtractor`` over ``n`` nodes.
 """
 
@@ -26,6 +28,7 @@ __all__ = [
     "MAX_INPUTS",
     "STATS_OFF",
     "bare_paths",
+    "callback_paths",
     "conversations",
     "engine_gather",
     "extractor_paths",
@@ -177,6 +180,41 @@ def inline_paths(
         "ChatVLLM.abatch": _lc_abatch(chat, texts, kw),
         "Runnable.batch (thread pool)": lc_thread_pool,
         "LlamaIndex gather(achat)": _li_gather(li, texts, kw),
+    }
+
+
+def callback_paths(
+    model: str, tokens: int, options: dict[str, Any]
+) -> dict[str, Callable[[int], int]]:
+    """``ChatVLLM.batch``/``abatch`` with a fresh ``UsageMetadataCallbackHandler`` per call (what
+    ``get_usage_metadata_callback`` attaches): a synchronous handler that implements no token
+    method. LangChain hands each of its events to a thread-pool worker in an async run."""
+    from langchain_core.callbacks import UsageMetadataCallbackHandler
+
+    from vllm_inline.integrations.langchain import ChatVLLM
+
+    kw = sampling(tokens)
+    chat = ChatVLLM(model=model, vllm_kwargs=options)
+    texts = prompts(MAX_INPUTS)
+
+    def counted(handler: UsageMetadataCallbackHandler, n: int) -> int:
+        generated = sum(u["output_tokens"] for u in handler.usage_metadata.values())
+        assert generated == n * tokens, f"the usage callback counted {generated} tokens"
+        return generated
+
+    def lc_batch(n: int) -> int:
+        handler = UsageMetadataCallbackHandler()
+        chat.batch(texts[:n], {"callbacks": [handler]}, **kw)
+        return counted(handler, n)
+
+    def lc_abatch(n: int) -> int:
+        handler = UsageMetadataCallbackHandler()
+        asyncio.run(chat.abatch(texts[:n], {"callbacks": [handler]}, **kw))
+        return counted(handler, n)
+
+    return {
+        "ChatVLLM.batch (usage callback)": lc_batch,
+        "ChatVLLM.abatch (usage callback)": lc_abatch,
     }
 
 

@@ -72,6 +72,7 @@ import paths as P
 import report
 import run
 import trees  # in vLLM's engine processes: installs the tree's finder (trees.TREE_ENV)
+from bulk_paths import callback_paths
 from bulk_paths import inline_paths as bulk_paths
 from children import LineChild, answer_lines, exit_on_sigterm
 from compare_report import SIDES, cells, pct, report_text, summarize, unresolved
@@ -84,6 +85,10 @@ STREAM_PATHS = P.PATHS[1:-1]
 
 BULK_PATHS = ("ChatVLLM.batch", "ChatVLLM.abatch", "LlamaIndex gather(achat)")
 """``bulk_paths.inline_paths``' names of the bulk paths compared."""
+
+CALLBACK_PATHS = ("ChatVLLM.batch (usage callback)", "ChatVLLM.abatch (usage callback)")
+"""``bulk_paths.callback_paths``' names: bulk lines with a callback handler attached, measured
+only when ``--paths`` names them."""
 
 log = report.progress("compare")
 
@@ -116,9 +121,10 @@ def serve(
             if name in streams
         }
 
-    bulk_runs = {
-        k: v for k, v in bulk_paths(model, bulk_tokens, run.ENGINE_OPTIONS).items() if k in bulks
-    }
+    every_bulk = bulk_paths(model, bulk_tokens, run.ENGINE_OPTIONS)
+    if any(name in CALLBACK_PATHS for name in bulks):
+        every_bulk.update(callback_paths(model, bulk_tokens, run.ENGINE_OPTIONS))
+    bulk_runs = {k: v for k, v in every_bulk.items() if k in bulks}
     for kind, request in streaming(run.WARMUP[1]).values():
         if kind == "async":
             asyncio.run(P.run_async_load(request, run.WARMUP[0], 1))
@@ -298,6 +304,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="",
         help="only these paths (comma-separated names: "
         + ", ".join(STREAM_PATHS + BULK_PATHS)
+        + "; named only: "
+        + ", ".join(CALLBACK_PATHS)
         + ")",
     )
     ap.add_argument(
@@ -321,18 +329,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.tokens = args.tokens or 32
     args.tokens = args.tokens or SPECS[args.model].tokens
     names = [p for p in args.paths.split(",") if p]
-    unknown = set(names) - set(STREAM_PATHS + BULK_PATHS)
+    known = STREAM_PATHS + BULK_PATHS + CALLBACK_PATHS
+    unknown = set(names) - set(known)
     if unknown:
-        ap.error(
-            f"unknown path(s) {sorted(unknown)}; known: {', '.join(STREAM_PATHS + BULK_PATHS)}"
-        )
+        ap.error(f"unknown path(s) {sorted(unknown)}; known: {', '.join(known)}")
     skip = [s for s in args.skip.split(",") if s]
 
     def keep(name: str) -> bool:
         return (not names or name in names) and not any(s in name for s in skip)
 
     args.streams = [p for p in STREAM_PATHS if keep(p)]
-    args.bulks = [p for p in BULK_PATHS if keep(p)]
+    args.bulks = [p for p in BULK_PATHS if keep(p)] + [p for p in CALLBACK_PATHS if p in names]
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c]
     args.sizes = [int(n) for n in args.sizes.split(",") if n]
     if not args.child and not args.ref:
