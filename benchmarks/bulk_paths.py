@@ -11,6 +11,15 @@ Every path generates exactly ``tokens`` tokens for each input, with the sampling
 - :func:`callback_paths`: ``ChatVLLM.batch``/``abatch`` with LangChain's own usage callback
   attached (a handler with no token method, as cost trackers are);
 - :func:`extractor_paths`: LlamaIndex's ``QuestionsAnsweredExtractor`` over ``n`` nodes.
+
+An async path counts its tokens inside the coroutine that ``asyncio.run`` runs and returns the
+count, not the answers. On the main thread ``asyncio.run`` formats the ``repr`` of its main
+task when it ends (CPython's ``Runner.run`` checks ``signal.getsignal(SIGINT)``, which tries
+``Handlers(<its handler>)``, whose ``ValueError`` message holds the handler's ``repr``, and so
+the task's and a ``reprlib`` excerpt of its result), and LangChain's ``repr`` of one answer
+costs 0.8 ms here (``Serializable.__repr_args__`` asks pydantic for every field's default,
+which inspects each default factory's signature): ~10 ms at the end of every call, which an
+app that awaits ``abatch`` in its own loop never pays (docs/performance.md, "Bulk").
 """
 
 from __future__ import annotations
@@ -70,7 +79,10 @@ def _lc_abatch(chat: Any, texts: list[str], kw: dict[str, Any]) -> Callable[[int
     """LangChain's ``abatch`` over the first ``n`` texts, all at once."""
 
     def run(n: int) -> int:
-        return _lc_tokens(asyncio.run(chat.abatch(texts[:n], **kw)))
+        async def go() -> int:
+            return _lc_tokens(await chat.abatch(texts[:n], **kw))
+
+        return asyncio.run(go())
 
     return run
 
@@ -80,12 +92,13 @@ def _li_gather(llm: Any, texts: list[str], kw: dict[str, Any]) -> Callable[[int]
     from llama_index.core.base.llms.types import ChatMessage
 
     def run(n: int) -> int:
-        async def go() -> list[Any]:
-            return await asyncio.gather(
+        async def go() -> int:
+            answers = await asyncio.gather(
                 *(llm.achat([ChatMessage(role="user", content=t)], **kw) for t in texts[:n])
             )
+            return sum(int(r.additional_kwargs["completion_tokens"]) for r in answers)
 
-        return sum(int(r.additional_kwargs["completion_tokens"]) for r in asyncio.run(go()))
+        return asyncio.run(go())
 
     return run
 
@@ -209,7 +222,11 @@ def callback_paths(
 
     def lc_abatch(n: int) -> int:
         handler = UsageMetadataCallbackHandler()
-        asyncio.run(chat.abatch(texts[:n], {"callbacks": [handler]}, **kw))
+
+        async def go() -> None:
+            await chat.abatch(texts[:n], {"callbacks": [handler]}, **kw)
+
+        asyncio.run(go())
         return counted(handler, n)
 
     return {
