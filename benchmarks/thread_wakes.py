@@ -24,6 +24,28 @@ import time
 SECONDS = 3.0
 
 
+class _Clock:
+    """Paces the producer's steps over :data:`SECONDS` and measures them."""
+
+    def __init__(self, consumers: int, rate: float) -> None:
+        self.step = consumers / rate
+        self.cpu0, self.wall0 = time.process_time(), time.perf_counter()
+        self.due = self.wall0
+
+    def running(self) -> bool:
+        return time.perf_counter() - self.wall0 < SECONDS
+
+    def pause(self) -> float:
+        """Seconds to sleep until the next step is due."""
+        self.due += self.step
+        return max(0.0, self.due - time.perf_counter())
+
+    def result(self, got: list[int]) -> tuple[float, float]:
+        """(items delivered per second, CPU seconds per item) since the start."""
+        wall, cpu = time.perf_counter() - self.wall0, time.process_time() - self.cpu0
+        return sum(got) / wall, cpu / sum(got)
+
+
 def threads(consumers: int, rate: float) -> tuple[float, float]:
     """(items delivered per second, CPU seconds per item) with one thread per consumer."""
     queues: list[queue.SimpleQueue[int | None]] = [queue.SimpleQueue() for _ in range(consumers)]
@@ -37,20 +59,17 @@ def threads(consumers: int, rate: float) -> tuple[float, float]:
     workers = [threading.Thread(target=consume, args=(i,)) for i in range(consumers)]
     for w in workers:
         w.start()
-    step = consumers / rate
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    due = wall0
-    while time.perf_counter() - wall0 < SECONDS:
+    clock = _Clock(consumers, rate)
+    while clock.running():
         for q in queues:
             q.put(1)
-        due += step
-        time.sleep(max(0.0, due - time.perf_counter()))
-    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        time.sleep(clock.pause())
+    result = clock.result(got)
     for q in queues:
         q.put(None)
     for w in workers:
         w.join()
-    return sum(got) / wall, cpu / sum(got)
+    return result
 
 
 def tasks(consumers: int, rate: float) -> tuple[float, float]:
@@ -66,19 +85,16 @@ def tasks(consumers: int, rate: float) -> tuple[float, float]:
                 got[i] += 1
 
         running = [asyncio.create_task(consume(i)) for i in range(consumers)]
-        step = consumers / rate
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        due = wall0
-        while time.perf_counter() - wall0 < SECONDS:
+        clock = _Clock(consumers, rate)
+        while clock.running():
             for q in queues:
                 q.put_nowait(1)
-            due += step
-            await asyncio.sleep(max(0.0, due - time.perf_counter()))
-        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+            await asyncio.sleep(clock.pause())
+        result = clock.result(got)
         for q in queues:
             q.put_nowait(None)
         await asyncio.gather(*running)
-        return sum(got) / wall, cpu / sum(got)
+        return result
 
     return asyncio.run(main())
 
