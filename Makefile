@@ -185,7 +185,7 @@ COMPAT_STAMP := $(COMPAT_VENV)/.installed-$(VLLM_MIN)
 COMPAT_TESTS := tests/test_vllm_contract.py tests/test_engine_streaming.py \
 	tests/test_engine_tools.py tests/test_final_only.py tests/test_langchain_chat.py tests/test_memory_plan.py \
 	tests/test_llama_index_llm.py tests/test_embeddings.py tests/test_rerank.py tests/test_lora.py \
-	tests/test_llama3_tools.py
+	tests/test_llama3_tools.py tests/test_stream_interval.py
 # LangChain's agents (`langchain` -> LangGraph) cannot be imported at langchain-core 1.0.0:
 # langgraph-checkpoint 4.3 (which declares langchain-core>=0.2.38) calls langchain-core's
 # Reviver(allowed_objects=...), added after 1.0.0. Installed, `langchain` also breaks LlamaIndex's

@@ -101,6 +101,8 @@ def check_sampling(
         "min_tokens": lambda v: _integer("min_tokens", v, 0),
         "n": lambda v: _integer("n", v, 1),
         "seed": lambda v: _integer("seed", v, -(2**63)),
+        # vLLM's own default is None (the engine's --stream-interval); it compares with < 1.
+        "stream_interval": lambda v: None if v is None else _integer("stream_interval", v, 1),
     }
     for key, check in checks.items():
         if key in out:
