@@ -20,13 +20,28 @@ __all__ = ["Lags", "SimulatedLLM", "StreamLags"]
 class _Running:
     """One request the stand-in is generating for: its vLLM output collector and progress."""
 
-    __slots__ = ("collector", "max_tokens", "produced", "prompt_ids")
+    __slots__ = (
+        "collector",
+        "held",
+        "held_text",
+        "interval",
+        "max_tokens",
+        "produced",
+        "prompt_ids",
+    )
 
-    def __init__(self, collector: Any, prompt_ids: list[int], max_tokens: int) -> None:
+    def __init__(
+        self, collector: Any, prompt_ids: list[int], max_tokens: int, interval: int
+    ) -> None:
         self.collector = collector
         self.prompt_ids = prompt_ids
         self.max_tokens = max_tokens
+        self.interval = interval
+        """vLLM's ``stream_interval`` for this request: tokens per output after the first."""
         self.produced = 0
+        self.held = 0
+        """Tokens produced and not put into the collector yet (``stream_interval`` > 1)."""
+        self.held_text = ""
 
 
 class SimulatedLLM:
@@ -39,7 +54,10 @@ class SimulatedLLM:
     does). ``generate`` registers a collector and yields ``q.get_nowait() or await q.get()``
     until the request finishes, exactly as ``AsyncLLM.generate`` does; closing it unregisters
     the request (vLLM aborts it). Between chunks of ``VLLM_V1_OUTPUT_PROC_CHUNK_SIZE`` outputs
-    the handler yields to the loop, as vLLM's does.
+    the handler yields to the loop, as vLLM's does. With vLLM's ``stream_interval`` (the
+    request's, or the engine's if larger) above 1, the handler holds a request's tokens as vLLM's
+    output processor does: it puts the first token, then one output per ``stream_interval``
+    tokens, and the last one; a held token's lag counts from the step that produced it.
     """
 
     def __init__(self, real: Any, step_s: float) -> None:
@@ -56,7 +74,7 @@ class SimulatedLLM:
         self.outputs = 0
         """Outputs ``generate`` yielded."""
         self.merged = 0
-        """Of those, how many the collector had merged (more than one token)."""
+        """Of those, how many the collector had merged (more tokens than ``stream_interval``)."""
         self.cpu_marks: list[tuple[float, float]] = []
         """Per step: ``perf_counter()`` and this process's ``process_time()`` after it."""
         self._requests: dict[str, _Running] = {}
@@ -86,17 +104,23 @@ class SimulatedLLM:
                 for r in running[start : start + chunk]:
                     r.produced += 1
                     last = r.produced == r.max_tokens
-                    serial = len(emitted)
+                    emitted.append(time.perf_counter())
+                    r.held += 1
+                    r.held_text += f"{len(emitted) - 1},"
+                    # vLLM's OutputProcessor with stream_interval: the first token, then every
+                    # ``interval`` tokens, and the last.
+                    if not (last or r.produced == 1 or r.held >= r.interval):
+                        continue
                     out = CompletionOutput(
                         index=0,
-                        text=f"{serial},",
-                        token_ids=[7],
+                        text=r.held_text,
+                        token_ids=[7] * r.held,
                         cumulative_logprob=None,
                         logprobs=None,
                         finish_reason="length" if last else None,
                     )
+                    r.held, r.held_text = 0, ""
                     request_id = r.collector.request_id
-                    emitted.append(time.perf_counter())
                     r.collector.put(
                         RequestOutput(request_id, None, r.prompt_ids, None, [out], finished=last)
                     )
@@ -113,8 +137,10 @@ class SimulatedLLM:
         from vllm.v1.engine.output_processor import RequestOutputCollector
 
         q = RequestOutputCollector(RequestOutputKind.DELTA, request_id)
+        engine_interval = self._real.vllm_config.scheduler_config.stream_interval
+        interval = max(params.stream_interval or 1, engine_interval)
         self._requests[request_id] = _Running(
-            q, list(engine_input["prompt_token_ids"]), params.max_tokens
+            q, list(engine_input["prompt_token_ids"]), params.max_tokens, interval
         )
         if self._handler is None or self._handler.done():
             self._handler = asyncio.get_running_loop().create_task(self._output_handler())
@@ -124,7 +150,7 @@ class SimulatedLLM:
                 out = q.get_nowait() or await q.get()
                 finished = out.finished
                 self.outputs += 1
-                self.merged += len(out.outputs[0].token_ids) > 1
+                self.merged += len(out.outputs[0].token_ids) > interval
                 yield out
         finally:
             self._requests.pop(request_id, None)  # vLLM aborts a request closed early
