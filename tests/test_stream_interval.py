@@ -88,6 +88,23 @@ async def test_langchain_astream_per_call_interval(scripted: Any) -> None:
     assert_intervals(pieces, expected)
 
 
+async def test_astream_events_and_the_last_chunk(scripted: Any) -> None:
+    s = scripted("long")
+    expected = (await _chat(s).ainvoke(QUESTION)).content
+    chat = _chat(s, extra_sampling={"stream_interval": INTERVAL})
+    streamed, end = [], None
+    async for event in chat.astream_events(QUESTION, version="v2"):
+        if event["event"] == "on_chat_model_stream":
+            streamed.append(event["data"]["chunk"])
+        elif event["event"] == "on_chat_model_end":
+            end = event["data"]["output"]
+    assert_intervals([c.content for c in streamed if c.content], expected)
+    assert streamed[-1].chunk_position == "last"
+    assert streamed[-1].usage_metadata["output_tokens"] == TOKENS
+    assert end is not None and end.content == expected
+    assert end.usage_metadata["output_tokens"] == TOKENS
+
+
 def test_stop_string_inside_an_interval(scripted: Any) -> None:
     """A stop string in the middle of a held run ends the text there, as without it."""
     s = scripted("long")
