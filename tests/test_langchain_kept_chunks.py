@@ -6,6 +6,7 @@ If a langchain-core renames the list it keeps, the bound fails here."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from typing import Any
 
@@ -15,7 +16,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.outputs import ChatGenerationChunk, LLMResult
 
 from vllm_inline.integrations.langchain import ChatVLLM
-from vllm_inline.integrations.langchain.kept_chunks import FOLD_EVERY
+from vllm_inline.integrations.langchain.kept_chunks import FOLD_EVERY, first_fold
 
 pytestmark = pytest.mark.engine
 
@@ -104,6 +105,32 @@ def test_a_long_stream_keeps_few_chunks_and_ends_as_langchain_s(chat: ChatVLLM) 
     assert "".join(ends.tokens) == "".join(theirs.tokens)
     assert ended(ends) == ended(theirs)
     assert ended(ends)["content"] == "".join(texts)
+
+
+def test_streams_started_together_fold_at_different_chunks() -> None:
+    """Streams that start together get their tokens at the same engine steps: their first folds
+    are spread over ``FOLD_EVERY`` chunks, so that no one step merges for all of them."""
+    firsts = [first_fold() for _ in range(2 * FOLD_EVERY)]
+    assert sorted(firsts[:FOLD_EVERY]) == list(range(1, FOLD_EVERY + 1))
+    assert firsts[FOLD_EVERY:] == firsts[:FOLD_EVERY]
+
+
+async def test_streams_started_together_each_end_as_langchain_s(chat: ChatVLLM) -> None:
+    """Each stream of a burst folds at its own chunks; each ``on_llm_end`` is still LangChain's."""
+    theirs = AsyncEnds()
+    async for _ in BaseChatModel.astream(chat, "Hi", {"callbacks": [theirs]}, **CALL):
+        pass
+
+    async def one() -> AsyncEnds:
+        ends = AsyncEnds()
+        async for _ in chat.astream("Hi", {"callbacks": [ends]}, **CALL):  # type: ignore[arg-type]
+            pass
+        return ends
+
+    burst = await asyncio.gather(*(one() for _ in range(5)))
+    for ends in burst:
+        assert "".join(ends.tokens) == "".join(theirs.tokens)
+        assert ended(ends) == ended(theirs)
 
 
 async def test_a_stream_left_early_is_closed_and_reported_as_langchain_s(chat: ChatVLLM) -> None:

@@ -10,11 +10,12 @@ reaches. LangChain offers no hook to merge as it goes, so :class:`FoldedStreams`
 ``stream`` and ``astream``) runs LangChain's own methods and, every :data:`FOLD_EVERY` chunks, replace
 the list's contents with their merge (LangChain's own function, on chunks nobody else was given:
 the merge builds new objects). Merging is associative, so ``on_llm_end`` gets the same message;
-what stays alive per stream is at most :data:`FOLD_EVERY` chunks and the merged text.
+what stays alive per stream is at most :data:`FOLD_EVERY` chunks and the merged text. Streams
+started together fold at different chunks (:func:`first_fold`).
 
 The list is found by name in the suspended generator's frame. Where it is not there (a future
 langchain-core that keeps no list, or names it otherwise), nothing is folded and the stream is
-LangChain's as before; ``tests/test_langchain_chat.py`` fails then, so the name is checked on
+LangChain's as before; ``tests/test_langchain_kept_chunks.py`` fails then, so the name is checked on
 every langchain-core the package supports. What LangChain would need upstream: merge each chunk
 into a running aggregate instead of keeping the list (docs/performance.md has a reproduction
 with LangChain's own bare model).
@@ -22,6 +23,7 @@ with LangChain's own bare model).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing, closing
 from types import FrameType
@@ -33,7 +35,7 @@ from langchain_core.outputs import ChatGenerationChunk
 from langchain_core.outputs.chat_generation import merge_chat_generation_chunks
 from langchain_core.runnables import RunnableConfig
 
-__all__ = ["FOLD_EVERY", "FoldedStreams", "fold", "folded_astream", "folded_stream"]
+__all__ = ["FOLD_EVERY", "FoldedStreams", "first_fold", "fold", "folded_astream", "folded_stream"]
 
 FOLD_EVERY = 32
 """Chunks a stream keeps at most before they are merged into one (a fold costs about one chunk's
@@ -41,6 +43,20 @@ conversion per chunk folded; fewer kept chunks mean shorter collections)."""
 
 _KEPT = "chunks"
 """The local of ``BaseChatModel.stream``/``astream`` that holds the stream's chunks."""
+
+_STARTED = itertools.count()
+"""Streams started in this process: each one's first fold comes after a different number of
+chunks (:func:`first_fold`)."""
+
+
+def first_fold() -> int:
+    """Chunks a new stream keeps before its first fold, from 1 to :data:`FOLD_EVERY`, in turn.
+
+    Streams that start together get their tokens at the same engine steps; were they all folded
+    at the same chunk, every fold would fall on the same step (256 streams: 15 ms of merging
+    added to one step's tokens, every 32 steps). Spread, each step folds 1/:data:`FOLD_EVERY`
+    of them."""
+    return FOLD_EVERY - next(_STARTED) % FOLD_EVERY
 
 
 def fold(frame: FrameType | None) -> bool:
@@ -59,25 +75,25 @@ def fold(frame: FrameType | None) -> bool:
 async def folded_astream(stream: AsyncIterator[BaseMessageChunk]) -> AsyncIterator[Any]:
     """``stream`` (what ``BaseChatModel.astream`` returned), its kept chunks folded every
     :data:`FOLD_EVERY` messages; closing this closes it."""
-    since, foldable = 0, True
+    left, foldable = first_fold(), True
     async with aclosing(stream) as messages:  # type: ignore[type-var]
         async for message in messages:
             yield message
-            since += 1
-            if foldable and since == FOLD_EVERY:
-                since = 0
+            left -= 1
+            if foldable and not left:
+                left = FOLD_EVERY
                 foldable = fold(getattr(messages, "ag_frame", None))
 
 
 def folded_stream(stream: Iterator[BaseMessageChunk]) -> Iterator[Any]:
     """The synchronous form of :func:`folded_astream` (``BaseChatModel.stream``)."""
-    since, foldable = 0, True
+    left, foldable = first_fold(), True
     with closing(stream) as messages:  # type: ignore[type-var]
         for message in messages:
             yield message
-            since += 1
-            if foldable and since == FOLD_EVERY:
-                since = 0
+            left -= 1
+            if foldable and not left:
+                left = FOLD_EVERY
                 foldable = fold(getattr(messages, "gi_frame", None))
 
 
