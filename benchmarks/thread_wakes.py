@@ -1,14 +1,16 @@
 """What handing one token to each of N consumers costs this host, with no other work:
-a thread per consumer (``ChatVLLM.stream``'s shape) against a task per consumer on one event
-loop (``ChatVLLM.astream``'s shape).
+a thread per consumer (``ChatVLLM.stream``'s shape), woken all at once or a few at a time (the
+engine's relay, ``engine/loop/relay.py``), against a task per consumer on one event loop
+(``ChatVLLM.astream``'s shape).
 
     python benchmarks/thread_wakes.py [--consumers 256] [--rates 6400,12800,25600,51200]
 
 One producer puts one item into each consumer's queue per step, at the offered rate in items
 per second over all consumers (``consumers / step``), as the GPU-rate simulation's engine
 gives each stream one token a step (``gpu_sim.py``). Threads block on a
-``queue.SimpleQueue`` (what the engine's sync bridge uses); tasks await an ``asyncio.Queue``
-(what its async bridge uses). A consumer only counts what it gets. Each line is the process's
+``queue.SimpleQueue`` (what the engine's sync bridge used until the relay), or on the relay's
+inboxes, filled from an event loop as the engine loop fills them; tasks await an
+``asyncio.Queue`` (what its async bridge uses). A consumer only counts what it gets. Each line is the process's
 CPU time (user and kernel) per item handed over, and that as a share of one core at the rate:
 on a 2-vCPU VM a thread's wake-up costs a futex wake and a switch that a task never pays.
 """
@@ -72,6 +74,38 @@ def threads(consumers: int, rate: float) -> tuple[float, float]:
     return result
 
 
+def relay(consumers: int, rate: float) -> tuple[float, float]:
+    """(items delivered per second, CPU seconds per item) with one thread per consumer, woken
+    by the engine's relay."""
+    from vllm_inline.engine.loop.relay import Relay
+
+    async def main() -> tuple[float, float]:
+        shared = Relay(asyncio.get_running_loop())
+        inboxes = [shared.inbox() for _ in range(consumers)]
+        got = [0] * consumers
+
+        def consume(i: int) -> None:
+            inbox = inboxes[i]
+            while inbox.get() is not None:
+                got[i] += 1
+
+        workers = [threading.Thread(target=consume, args=(i,)) for i in range(consumers)]
+        for w in workers:
+            w.start()
+        clock = _Clock(consumers, rate)
+        while clock.running():
+            for inbox in inboxes:
+                inbox.put(1)
+            await asyncio.sleep(clock.pause())
+        result = clock.result(got)
+        for inbox in inboxes:
+            inbox.put(None)
+        await asyncio.to_thread(lambda: [w.join() for w in workers])
+        return result
+
+    return asyncio.run(main())
+
+
 def tasks(consumers: int, rate: float) -> tuple[float, float]:
     """(items delivered per second, CPU seconds per item) with one task per consumer."""
 
@@ -107,11 +141,15 @@ def main() -> None:
     print(
         f"{args.consumers} consumers, {SECONDS:.0f} s per line; CPU = this process's, user + kernel"
     )
-    print(f"{'rate':>7}  {'shape':<8} {'delivered':>9}  {'us/item':>7}  {'core':>5}  threads/tasks")
+    print(f"{'rate':>7}  {'shape':<8} {'delivered':>9}  {'us/item':>7}  {'core':>5}  against tasks")
     for rate in (float(r) for r in args.rates.split(",") if r):
-        rows = {"threads": threads(args.consumers, rate), "tasks": tasks(args.consumers, rate)}
+        rows = {
+            "threads": threads(args.consumers, rate),
+            "relay": relay(args.consumers, rate),
+            "tasks": tasks(args.consumers, rate),
+        }
         for shape, (delivered, per_item) in rows.items():
-            ratio = rows["threads"][1] / rows["tasks"][1] if shape == "threads" else 1.0
+            ratio = per_item / rows["tasks"][1]
             print(
                 f"{rate:>7.0f}  {shape:<8} {delivered:>9.0f}  {per_item * 1e6:>7.1f}  "
                 f"{per_item * delivered * 100:>4.0f}%  {ratio:.1f}x"

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import queue
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
@@ -23,6 +22,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from vllm_inline.engine.loop.calls import ThreadsafeCalls
+from vllm_inline.engine.loop.relay import Relay
 from vllm_inline.engine.loop.window import Window
 
 __all__ = ["LoopThread", "aiter_on", "iter_on"]
@@ -53,7 +53,7 @@ class LoopThread:
             weakref.WeakKeyDictionary()
         )
         self._handoffs_lock = threading.Lock()
-        self.sync_handoff = _Handoff(self.loop, None)
+        self.relay = Relay(self.loop)
         """The handoff of items from this loop to synchronous consumers (their own threads)."""
         self.calls = ThreadsafeCalls(self.loop)
         """Calls onto the loop from any thread, one wake per batch: pumps started and stopped,
@@ -189,28 +189,24 @@ def _start_pump(
 
 
 class _Handoff:
-    """Items bound for one caller event loop (or for sync consumers) from one engine loop.
+    """Items bound for one caller event loop from one engine loop.
 
     All streams between the two loops share one handoff. An engine step makes every stream's
     pump ready in the same pass of the engine loop; their items are queued here and the caller
     loop is woken once, from a callback that runs after that pass (one ``call_soon_threadsafe``,
     one self-pipe write and one thread switch per step instead of one per stream). ``put`` and
     ``_wake`` run on the engine loop, ``_flush`` on the caller loop; they share only the deque.
-
-    With no caller loop (``caller=None``) the consumers are threads blocked on their own
-    queues: the batch is delivered at the same point, on the engine loop, so no consumer thread
-    wakes up (and asks for the GIL) while the engine thread is still turning that step's outputs
-    into deltas for the other streams.
+    Synchronous consumers have :class:`.relay.Relay` instead.
     """
 
     __slots__ = ("__weakref__", "_armed", "_caller", "_engine", "_pending")
 
     def __init__(
-        self, engine: asyncio.AbstractEventLoop, caller: asyncio.AbstractEventLoop | None
+        self, engine: asyncio.AbstractEventLoop, caller: asyncio.AbstractEventLoop
     ) -> None:
         self._engine = engine
         # Weak: the handoff is the value of a WeakKeyDictionary keyed by the caller loop.
-        self._caller = weakref.ref(caller) if caller is not None else None
+        self._caller = weakref.ref(caller)
         self._pending: collections.deque[tuple[Callable[[Any], None], Any]] = collections.deque()
         self._armed = False
 
@@ -222,9 +218,6 @@ class _Handoff:
 
     def _wake(self) -> None:
         self._armed = False
-        if self._caller is None:
-            self._flush()
-            return
         caller = self._caller()
         try:
             if caller is None:
@@ -301,15 +294,9 @@ def iter_on(
 ) -> Iterator[T]:
     """Iterate, from a synchronous caller, an async generator that runs on ``lt`` (``coalesce``
     as in :func:`aiter_on`)."""
-    handoff = lt.sync_handoff
-    items: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    put_item = items.put
-
-    def put(item: Any) -> None:
-        handoff.put(put_item, item)
-
+    items = lt.relay.inbox()
     window = Window(lt.calls)
-    pump = _start_pump(lt, agen_factory, put, window)
+    pump = _start_pump(lt, agen_factory, items.put, window)
     ended = False
     try:
         while True:
@@ -328,6 +315,7 @@ def iter_on(
                 raise item.exc
             yield item
     finally:
+        items.close()
         if not ended:
             stopped = threading.Event()
             pump.stop(stopped.set)
