@@ -22,6 +22,8 @@ import asyncio
 import queue
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 SECONDS = 3.0
 
@@ -48,62 +50,66 @@ class _Clock:
         return sum(got) / wall, cpu / sum(got)
 
 
-def threads(consumers: int, rate: float) -> tuple[float, float]:
-    """(items delivered per second, CPU seconds per item) with one thread per consumer."""
-    queues: list[queue.SimpleQueue[int | None]] = [queue.SimpleQueue() for _ in range(consumers)]
-    got = [0] * consumers
-
-    def consume(i: int) -> None:
-        q = queues[i]
-        while q.get() is not None:
-            got[i] += 1
-
-    workers = [threading.Thread(target=consume, args=(i,)) for i in range(consumers)]
-    for w in workers:
-        w.start()
+async def _produce(
+    consumers: int, rate: float, puts: list[Callable[[int | None], None]], got: list[int]
+) -> tuple[float, float]:
+    """One item to each consumer a step, at ``rate``, for :data:`SECONDS`; then the end (None)
+    to each. Returns what :meth:`_Clock.result` measured."""
     clock = _Clock(consumers, rate)
     while clock.running():
-        for q in queues:
-            q.put(1)
-        time.sleep(clock.pause())
+        for put in puts:
+            put(1)
+        await asyncio.sleep(clock.pause())
     result = clock.result(got)
-    for q in queues:
-        q.put(None)
-    for w in workers:
-        w.join()
+    for put in puts:
+        put(None)
     return result
 
 
-def relay(consumers: int, rate: float) -> tuple[float, float]:
-    """(items delivered per second, CPU seconds per item) with one thread per consumer, woken
-    by the engine's relay."""
-    from vllm_inline.engine.loop.relay import Relay
+def _threads(
+    consumers: int, rate: float, make: Callable[[asyncio.AbstractEventLoop], Any]
+) -> tuple[float, float]:
+    """(items delivered per second, CPU seconds per item) with one thread per consumer, each
+    blocked on what ``make(loop)`` returns (``put`` on the loop, ``get`` in the thread); the
+    producer runs on an event loop, as the engine loop puts a step's items."""
 
     async def main() -> tuple[float, float]:
-        shared = Relay(asyncio.get_running_loop())
-        inboxes = [shared.inbox() for _ in range(consumers)]
+        loop = asyncio.get_running_loop()
+        queues = [make(loop) for _ in range(consumers)]
         got = [0] * consumers
 
         def consume(i: int) -> None:
-            inbox = inboxes[i]
-            while inbox.get() is not None:
+            q = queues[i]
+            while q.get() is not None:
                 got[i] += 1
 
         workers = [threading.Thread(target=consume, args=(i,)) for i in range(consumers)]
         for w in workers:
             w.start()
-        clock = _Clock(consumers, rate)
-        while clock.running():
-            for inbox in inboxes:
-                inbox.put(1)
-            await asyncio.sleep(clock.pause())
-        result = clock.result(got)
-        for inbox in inboxes:
-            inbox.put(None)
+        result = await _produce(consumers, rate, [q.put for q in queues], got)
         await asyncio.to_thread(lambda: [w.join() for w in workers])
         return result
 
     return asyncio.run(main())
+
+
+def threads(consumers: int, rate: float) -> tuple[float, float]:
+    """One thread per consumer on a ``queue.SimpleQueue``: every put wakes its thread."""
+    return _threads(consumers, rate, lambda _loop: queue.SimpleQueue())
+
+
+def relay(consumers: int, rate: float) -> tuple[float, float]:
+    """One thread per consumer, woken by the engine's relay."""
+    from vllm_inline.engine.loop.relay import Relay
+
+    shared: list[Relay] = []
+
+    def inbox(loop: asyncio.AbstractEventLoop) -> Any:
+        if not shared:
+            shared.append(Relay(loop))
+        return shared[0].inbox()
+
+    return _threads(consumers, rate, inbox)
 
 
 def tasks(consumers: int, rate: float) -> tuple[float, float]:
@@ -119,14 +125,7 @@ def tasks(consumers: int, rate: float) -> tuple[float, float]:
                 got[i] += 1
 
         running = [asyncio.create_task(consume(i)) for i in range(consumers)]
-        clock = _Clock(consumers, rate)
-        while clock.running():
-            for q in queues:
-                q.put_nowait(1)
-            await asyncio.sleep(clock.pause())
-        result = clock.result(got)
-        for q in queues:
-            q.put_nowait(None)
+        result = await _produce(consumers, rate, [q.put_nowait for q in queues], got)
         await asyncio.gather(*running)
         return result
 

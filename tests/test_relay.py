@@ -57,21 +57,32 @@ def _consume(lt: LoopThread, steps: Steps, name: int, got: dict[int, list[int]])
     got[name] = [step for _, step in iter_on(lt, lambda: steps.stream(name))]
 
 
+def _consumers(
+    lt: LoopThread, steps: Steps, n: int, got: dict[int, list[int]]
+) -> list[threading.Thread]:
+    """``n`` threads, started, each reading stream ``i`` of ``steps`` into ``got[i]``."""
+    threads = [threading.Thread(target=_consume, args=(lt, steps, i, got)) for i in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def _joined(threads: list[threading.Thread]) -> bool:
+    """Whether every thread has ended (each given 30 s)."""
+    for t in threads:
+        t.join(timeout=30)
+    return not any(t.is_alive() for t in threads)
+
+
 def test_many_threads_get_every_step_in_order(lt) -> None:
     """More consumers than lanes, all waiting on the same steps: each gets every item, once,
     in order (items a consumer missed while others had the turn wait in its inbox)."""
     steps = Steps(40)
     got: dict[int, list[int]] = {}
-    threads = [
-        threading.Thread(target=_consume, args=(lt, steps, i, got)) for i in range(8 * LANES)
-    ]
-    for t in threads:
-        t.start()
+    threads = _consumers(lt, steps, 8 * LANES, got)
     time.sleep(0.2)  # every stream is waiting for its first step
     lt.submit(steps.clock()).result(timeout=30)
-    for t in threads:
-        t.join(timeout=30)
-    assert not any(t.is_alive() for t in threads)
+    assert _joined(threads)
     assert got == {i: list(range(40)) for i in range(8 * LANES)}
 
 
@@ -86,11 +97,7 @@ def test_a_consumer_that_leaves_does_not_hold_the_others(lt) -> None:
     for attempt in range(10):
         steps = Steps(200)
         got: dict[int, list[int]] = {}
-        threads = [
-            threading.Thread(target=_consume, args=(lt, steps, i, got)) for i in range(3 * LANES)
-        ]
-        for t in threads:
-            t.start()
+        threads = _consumers(lt, steps, 3 * LANES, got)
         early = iter_on(lt, lambda s=steps: s.stream(-1))
         interrupted = iter_on(lt, lambda s=steps: s.stream(-2))
         time.sleep(0.2)
@@ -104,9 +111,7 @@ def test_a_consumer_that_leaves_does_not_hold_the_others(lt) -> None:
                 pass
         timer.join()
         clock.result(timeout=30)
-        for t in threads:
-            t.join(timeout=30)
-        assert not any(t.is_alive() for t in threads)
+        assert _joined(threads)
         assert got == {i: list(range(200)) for i in range(3 * LANES)}
 
 
@@ -117,11 +122,8 @@ def test_a_waiting_consumer_reads_its_inbox_when_no_turn_comes(lt, monkeypatch) 
     monkeypatch.setattr(relay, "RECHECK_S", 0.01)
     steps = Steps(20)
     got: dict[int, list[int]] = {}
-    threads = [threading.Thread(target=_consume, args=(lt, steps, i, got)) for i in range(4)]
-    for t in threads:
-        t.start()
+    threads = _consumers(lt, steps, 4, got)
     time.sleep(0.1)
     lt.submit(steps.clock()).result(timeout=30)
-    for t in threads:
-        t.join(timeout=30)
+    assert _joined(threads)
     assert got == {i: list(range(20)) for i in range(4)}

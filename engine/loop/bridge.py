@@ -293,7 +293,8 @@ def iter_on(
     coalesce: Callable[[list[T]], list[T]] | None = None,
 ) -> Iterator[T]:
     """Iterate, from a synchronous caller, an async generator that runs on ``lt`` (``coalesce``
-    as in :func:`aiter_on`)."""
+    as in :func:`aiter_on`). The caller's thread waits on an inbox of ``lt``'s
+    :class:`~.relay.Relay`, which wakes the threads of many streams a few at a time."""
     items = lt.relay.inbox()
     window = Window(lt.calls)
     pump = _start_pump(lt, agen_factory, items.put, window)

@@ -77,7 +77,7 @@ class Relay:
 class Inbox:
     """One synchronous stream's items, put on the engine loop and taken by its consumer."""
 
-    __slots__ = ("_closed", "_relay", "_turn", "_waiting", "_woken", "items")
+    __slots__ = ("_closed", "_in_line", "_relay", "_turn", "_waiting", "_woken", "items")
 
     def __init__(self, relay: Relay) -> None:
         self._relay = relay
@@ -88,12 +88,22 @@ class Inbox:
         self._woken = threading.Lock()
         self._woken.acquire()
         self._waiting = False  # the consumer waits for an item and is not queued
+        self._in_line = False  # queued to be woken (taken off the relay's queue by _wake)
         self._turn = False  # woken: the consumer is to hand the turn on
         self._closed = False
 
     def _wake(self) -> None:  # hold the relay's lock
+        self._in_line = False
         self._turn = True
         self._woken.release()
+
+    def _leave_line(self) -> None:
+        """Off the relay's queue without a turn (hold the relay's lock)."""
+        self._in_line = False
+        try:
+            self._relay._queued.remove(self)
+        except ValueError:  # taken off it by a consumer interrupted before it woke this one:
+            self._relay._hand_on()  # that consumer's turn is this one's to hand on
 
     def put(self, item: Any) -> None:
         """Add ``item`` (engine loop)."""
@@ -105,6 +115,7 @@ class Inbox:
             if not self._waiting:
                 return
             self._waiting = False
+            self._in_line = True
             relay._queued.append(self)
         if not relay._armed:
             relay._armed = True
@@ -129,10 +140,8 @@ class Inbox:
                         self._woken.acquire(blocking=False)  # woken after the timeout
                         relay._hand_on()
                         self._turn = False
-                    elif self in relay._queued:  # not woken yet: leave the queue
-                        relay._queued.remove(self)
-                    else:  # taken off the queue by a consumer interrupted before it woke us
-                        relay._hand_on()
+                    elif self._in_line:  # items, and no turn yet: do not wait for it
+                        self._leave_line()
                     return self.items.popleft()
         except BaseException:  # KeyboardInterrupt: hand on a turn that came to this consumer
             self.close()
@@ -156,8 +165,8 @@ class Inbox:
             self._closed = True
             self._waiting = False
             self.items.clear()
-            if self in relay._queued:
-                relay._queued.remove(self)
+            if self._in_line:
+                self._leave_line()
             if self._turn:
                 relay._hand_on()
                 self._turn = False
