@@ -50,7 +50,9 @@ class Relay:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._lock = threading.Lock()
+        # Reentrant: a stream dropped in a reference cycle is closed by the garbage collector
+        # in whatever thread collects, which may be one that holds this lock.
+        self._lock = threading.RLock()
         self._queued: collections.deque[Inbox] = collections.deque()
         self._turns = 0  # woken consumers that have yet to wake the next one
         self._armed = False  # _start is scheduled on the loop (engine loop only)
