@@ -18,6 +18,7 @@ from langchain_core.messages import (
     SystemMessage,
     ToolMessage,
 )
+from langchain_core.language_models.chat_models import generate_from_stream
 from langchain_core.outputs import ChatGenerationChunk
 from pydantic import BaseModel, ValidationError
 
@@ -30,6 +31,7 @@ from vllm_inline.integrations.langchain.convert import (
     delta_to_generation_chunk,
     request_kwargs,
 )
+from vllm_inline.integrations.langchain.streaming import aggregate
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"  # never started in this module
 
@@ -284,6 +286,40 @@ def test_generation_chunk_fast_path_equals_the_validated_chunk(
     assert fast.message.model_dump() == validated.message.model_dump()
     assert fast.text == validated.text == text
     assert (fast + fast).message == (validated + validated).message
+
+
+_FINAL_DELTAS = [
+    Delta(text="Hello.", finish_reason="stop", usage=Usage(prompt_tokens=5, completion_tokens=3)),
+    Delta(text="", reasoning="think", finish_reason="length"),
+    Delta(
+        tool_calls=(
+            ToolCallDelta(index=0, id="call_0", name="get_weather", arguments='{"city": '),
+            ToolCallDelta(index=0, arguments='"Paris"}'),
+            ToolCallDelta(index=1, id="call_1", name="broken", arguments="{not json"),
+        ),
+        finish_reason="tool_calls",
+    ),
+    Delta(
+        text=".",
+        logprobs=(TokenLogprob(".", 7, -0.5, ((",", -1.5),)),),
+        finish_reason="stop",
+        stop_reason="###",
+    ),
+]
+
+
+@pytest.mark.parametrize("delta", _FINAL_DELTAS)
+def test_aggregate_of_one_chunk_equals_langchains_fold(delta: Delta) -> None:
+    """A final-only answer (one chunk) skips LangChain's fold of one chunk with nothing; the
+    generation must be the one ``generate_from_stream`` gives."""
+    chunk = delta_to_generation_chunk(delta, "m")
+    (mine,) = aggregate([(0, chunk)], "m").generations
+    (langchains,) = generate_from_stream(iter([chunk])).generations
+    assert mine == langchains
+    assert type(mine.message) is AIMessage
+    assert mine.message.model_dump() == langchains.message.model_dump()
+    two = aggregate([(1, chunk), (0, delta_to_generation_chunk(Delta(text="a"), "m"))], "m")
+    assert two.generations[1] == langchains
 
 
 def test_generation_chunk_fast_path_hands_out_fresh_containers() -> None:

@@ -17,7 +17,8 @@ from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models.chat_models import generate_from_stream
-from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.messages.utils import message_chunk_to_message
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
 from vllm_inline.engine import Engine
 
@@ -68,8 +69,24 @@ def aggregate(chunks: Iterable[IndexedChunk], default_model: str) -> ChatResult:
     by_choice: dict[int, list[ChatGenerationChunk]] = {}
     for index, chunk in chunks:
         by_choice.setdefault(index, []).append(chunk)
-    generations = [
-        generate_from_stream(iter(by_choice[i])).generations[0] for i in sorted(by_choice)
-    ]
+    generations = [_generation(by_choice[i]) for i in sorted(by_choice)]
     model_name = generations[0].message.response_metadata.get("model_name", default_model)
     return ChatResult(generations=generations, llm_output={"model_name": model_name})
+
+
+def _generation(chunks: list[ChatGenerationChunk]) -> ChatGeneration:
+    """One choice's chunks as LangChain's ``generate_from_stream`` folds them.
+
+    A final-only call's answer is one chunk. ``generate_from_stream`` first adds that chunk to
+    an empty list, which builds and validates a copy of it, and then converts the copy: 32 us
+    of the caller's 1.1 ms per input of a 1,024-input ``batch`` here. One chunk is converted as
+    LangChain converts the fold (``message_chunk_to_message``, the chunk's
+    ``generation_info``); ``tests/test_langchain_unit.py`` checks that both give the same.
+    """
+    if len(chunks) != 1:
+        return generate_from_stream(iter(chunks)).generations[0]
+    (chunk,) = chunks
+    return ChatGeneration(
+        message=message_chunk_to_message(chunk.message),
+        generation_info=chunk.generation_info or None,
+    )
