@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from langchain_core.language_models.chat_models import generate_from_stream
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
@@ -18,7 +19,6 @@ from langchain_core.messages import (
     SystemMessage,
     ToolMessage,
 )
-from langchain_core.language_models.chat_models import generate_from_stream
 from langchain_core.outputs import ChatGenerationChunk
 from pydantic import BaseModel, ValidationError
 
